@@ -25,33 +25,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12ors/v1/types.proto\x12\x06ors.v1\"\x19\n\tJsonValue\x12\x0c\n\x04json\x18\x01 \x01(\t\"<\n\tTextBlock\x12\x0c\n\x04text\x18\x01 \x01(\t\x12!\n\x06\x64\x65tail\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValue\"P\n\nImageBlock\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12!\n\x06\x64\x65tail\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValue\"X\n\x05\x42lock\x12!\n\x04text\x18\x01 \x01(\x0b\x32\x11.ors.v1.TextBlockH\x00\x12#\n\x05image\x18\x02 \x01(\x0b\x32\x12.ors.v1.ImageBlockH\x00\x42\x07\n\x05\x62lock\"V\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\'\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValue\"\x82\x01\n\nToolOutput\x12\x1d\n\x06\x62locks\x18\x01 \x03(\x0b\x32\r.ors.v1.Block\x12#\n\x08metadata\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValue\x12\x13\n\x06reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x42\t\n\x07_reward\"K\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05input\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValue\x12\x0f\n\x07task_id\x18\x03 \x01(\t\"Q\n\rRunToolResult\x12$\n\x06output\x18\x01 \x01(\x0b\x32\x12.ors.v1.ToolOutputH\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\tH\x00\x42\t\n\x07outcome\"6\n\x05Split\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x04type\x18\x02 \x01(\x0e\x32\x11.ors.v1.SplitType\"\'\n\x04Task\x12\x1f\n\x04spec\x18\x01 \x01(\x0b\x32\x11.ors.v1.JsonValue*m\n\tSplitType\x12\x1a\n\x16SPLIT_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10SPLIT_TYPE_TRAIN\x10\x01\x12\x19\n\x15SPLIT_TYPE_VALIDATION\x10\x02\x12\x13\n\x0fSPLIT_TYPE_TEST\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12ors/v1/types.proto\x12\x06ors.v1\"\x1f\n\tJsonValue\x12\x12\n\x04json\x18\x01 \x01(\tR\x04json\"J\n\tTextBlock\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12)\n\x06\x64\x65tail\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"h\n\nImageBlock\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\x12\x1b\n\tmime_type\x18\x02 \x01(\tR\x08mimeType\x12)\n\x06\x64\x65tail\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"e\n\x05\x42lock\x12\'\n\x04text\x18\x01 \x01(\x0b\x32\x11.ors.v1.TextBlockH\x00R\x04text\x12*\n\x05image\x18\x02 \x01(\x0b\x32\x12.ors.v1.ImageBlockH\x00R\x05imageB\x07\n\x05\x62lock\"v\n\x08ToolSpec\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\x34\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x0binputSchema\"\xa6\x01\n\nToolOutput\x12%\n\x06\x62locks\x18\x01 \x03(\x0b\x32\r.ors.v1.BlockR\x06\x62locks\x12-\n\x08metadata\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x08metadata\x12\x1b\n\x06reward\x18\x03 \x01(\x01H\x00R\x06reward\x88\x01\x01\x12\x1a\n\x08\x66inished\x18\x04 \x01(\x08R\x08\x66inishedB\t\n\x07_reward\"`\n\x08ToolCall\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\'\n\x05input\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x05input\x12\x17\n\x07task_id\x18\x03 \x01(\tR\x06taskId\"`\n\rRunToolResult\x12,\n\x06output\x18\x01 \x01(\x0b\x32\x12.ors.v1.ToolOutputH\x00R\x06output\x12\x16\n\x05\x65rror\x18\x02 \x01(\tH\x00R\x05\x65rrorB\t\n\x07outcome\"B\n\x05Split\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x11.ors.v1.SplitTypeR\x04type\"-\n\x04Task\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x04spec*m\n\tSplitType\x12\x1a\n\x16SPLIT_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10SPLIT_TYPE_TRAIN\x10\x01\x12\x19\n\x15SPLIT_TYPE_VALIDATION\x10\x02\x12\x13\n\x0fSPLIT_TYPE_TEST\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ors.v1.types_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPLITTYPE']._serialized_start=769
-  _globals['_SPLITTYPE']._serialized_end=878
+  _globals['_SPLITTYPE']._serialized_start=948
+  _globals['_SPLITTYPE']._serialized_end=1057
   _globals['_JSONVALUE']._serialized_start=30
-  _globals['_JSONVALUE']._serialized_end=55
-  _globals['_TEXTBLOCK']._serialized_start=57
-  _globals['_TEXTBLOCK']._serialized_end=117
-  _globals['_IMAGEBLOCK']._serialized_start=119
-  _globals['_IMAGEBLOCK']._serialized_end=199
-  _globals['_BLOCK']._serialized_start=201
-  _globals['_BLOCK']._serialized_end=289
-  _globals['_TOOLSPEC']._serialized_start=291
-  _globals['_TOOLSPEC']._serialized_end=377
-  _globals['_TOOLOUTPUT']._serialized_start=380
-  _globals['_TOOLOUTPUT']._serialized_end=510
-  _globals['_TOOLCALL']._serialized_start=512
-  _globals['_TOOLCALL']._serialized_end=587
-  _globals['_RUNTOOLRESULT']._serialized_start=589
-  _globals['_RUNTOOLRESULT']._serialized_end=670
-  _globals['_SPLIT']._serialized_start=672
-  _globals['_SPLIT']._serialized_end=726
-  _globals['_TASK']._serialized_start=728
-  _globals['_TASK']._serialized_end=767
+  _globals['_JSONVALUE']._serialized_end=61
+  _globals['_TEXTBLOCK']._serialized_start=63
+  _globals['_TEXTBLOCK']._serialized_end=137
+  _globals['_IMAGEBLOCK']._serialized_start=139
+  _globals['_IMAGEBLOCK']._serialized_end=243
+  _globals['_BLOCK']._serialized_start=245
+  _globals['_BLOCK']._serialized_end=346
+  _globals['_TOOLSPEC']._serialized_start=348
+  _globals['_TOOLSPEC']._serialized_end=466
+  _globals['_TOOLOUTPUT']._serialized_start=469
+  _globals['_TOOLOUTPUT']._serialized_end=635
+  _globals['_TOOLCALL']._serialized_start=637
+  _globals['_TOOLCALL']._serialized_end=733
+  _globals['_RUNTOOLRESULT']._serialized_start=735
+  _globals['_RUNTOOLRESULT']._serialized_end=831
+  _globals['_SPLIT']._serialized_start=833
+  _globals['_SPLIT']._serialized_end=899
+  _globals['_TASK']._serialized_start=901
+  _globals['_TASK']._serialized_end=946
 # @@protoc_insertion_point(module_scope)
