@@ -1,0 +1,77 @@
+"""One grpc.aio channel to an ORS server, and the metadata every call carries."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import grpc
+
+from .._generated.ors.v1 import environment_service_pb2_grpc
+from .errors import ORSServerError
+
+#: Default cap on a message either way; a tool result (a screenshot) may be megabytes.
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+SESSION_ID_METADATA_KEY = "x-session-id"
+API_KEY_METADATA_KEY = "x-api-key"
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+class Connection:
+    """A lazily opened channel (grpc.aio binds it to the event loop it is first used on)."""
+
+    def __init__(
+        self,
+        target: str,
+        api_key: Optional[str],
+        credentials: Optional[grpc.ChannelCredentials],
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.target = target
+        self._api_key = api_key
+        self._credentials = credentials
+        self._options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        self._channel: Optional[grpc.aio.Channel] = None
+        self._stub: Optional[environment_service_pb2_grpc.EnvironmentServiceStub] = None
+
+    @property
+    def stub(self) -> environment_service_pb2_grpc.EnvironmentServiceStub:
+        if self._stub is None:
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            else:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+            self._stub = environment_service_pb2_grpc.EnvironmentServiceStub(self._channel)
+        return self._stub
+
+    def metadata(self, session_id: Optional[str] = None) -> Metadata:
+        """`x-api-key` when configured; `x-session-id` on session calls, for load-balancer affinity."""
+        entries: list[tuple[str, str]] = []
+        if self._api_key:
+            entries.append((API_KEY_METADATA_KEY, self._api_key))
+        if session_id:
+            entries.append((SESSION_ID_METADATA_KEY, session_id))
+        return tuple(entries)
+
+    async def unary(
+        self, method: str, request: Any, *, session_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> Any:
+        """Calls a unary RPC of the stub by name; a failure raises ORSServerError."""
+        rpc = getattr(self.stub, method)
+        try:
+            return await rpc(request, metadata=self.metadata(session_id), timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise ORSServerError.from_rpc_error(error) from None
+
+    def call_tool_stream(self, request: Any, session_id: str) -> grpc.aio.UnaryStreamCall:
+        """The raw CallTool stream: its AioRpcError is the caller's to classify (break or failure)."""
+        return self.stub.CallTool(request, metadata=self.metadata(session_id))
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stub = None

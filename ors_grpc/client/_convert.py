@@ -1,0 +1,84 @@
+"""Proto messages to and from the client's pure Python types.
+
+Only this module touches the generated messages' fields; the rest of the client
+deals in `ors_grpc.types` models and plain JSON values. User JSON travels as
+JSON text (`JsonValue.json`), so `json` does the lossless part: integers stay
+integers of any size, `1.0` stays a float, key order is kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Mapping, Optional, Union
+
+from .._generated.ors.v1 import types_pb2
+from ..types import ImageBlock, Split, TextBlock, ToolOutput, ToolSpec
+
+Block = Union[TextBlock, ImageBlock]
+
+_SPLIT_TYPES = {
+    types_pb2.SPLIT_TYPE_TRAIN: "train",
+    types_pb2.SPLIT_TYPE_VALIDATION: "validation",
+    types_pb2.SPLIT_TYPE_TEST: "test",
+}
+
+
+def json_value(value: Any) -> types_pb2.JsonValue:
+    """A JSON value as the wire's JSON text."""
+    return types_pb2.JsonValue(json=json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def _optional_json(message: Any, field: str) -> Optional[Any]:
+    """The JSON value of an optional JsonValue field; None when unset."""
+    if not message.HasField(field):
+        return None
+    return json.loads(getattr(message, field).json)
+
+
+def task_spec(task: types_pb2.Task) -> Any:
+    return json.loads(task.spec.json)
+
+
+def block(message: types_pb2.Block) -> Block:
+    kind = message.WhichOneof("block")
+    if kind == "text":
+        return TextBlock(text=message.text.text, detail=_optional_json(message.text, "detail"))
+    if kind == "image":
+        image = message.image
+        return ImageBlock(
+            # ImageBlock.data is base64 text, as in the reference SDK; gRPC carries raw bytes.
+            data=base64.b64encode(image.data).decode("ascii"),
+            mimeType=image.mime_type,
+            detail=_optional_json(image, "detail"),
+        )
+    raise ValueError(f"unknown block kind {kind!r}")
+
+
+def blocks(messages: Any) -> list[Block]:
+    return [block(m) for m in messages]
+
+
+def tool_spec(message: types_pb2.ToolSpec) -> ToolSpec:
+    return ToolSpec(
+        name=message.name,
+        description=message.description,
+        input_schema=_optional_json(message, "input_schema"),
+    )
+
+
+def tool_output(message: types_pb2.ToolOutput) -> ToolOutput:
+    return ToolOutput(
+        blocks=blocks(message.blocks),
+        metadata=_optional_json(message, "metadata"),
+        reward=message.reward if message.HasField("reward") else None,
+        finished=message.finished,
+    )
+
+
+def split(message: types_pb2.Split) -> Split:
+    return Split(name=message.name, type=_SPLIT_TYPES.get(message.type, "validation"))
+
+
+def tool_call(name: str, tool_input: Mapping[str, Any], task_id: Optional[str]) -> types_pb2.ToolCall:
+    return types_pb2.ToolCall(name=name, input=json_value(dict(tool_input)), task_id=task_id or "")

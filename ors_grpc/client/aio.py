@@ -1,0 +1,138 @@
+"""The asyncio client: `AsyncORSClient(target)` and its environments.
+
+    async with AsyncORSClient("127.0.0.1:50051") as client:
+        env = client.environment("echoenv")
+        async with env.session(split="train", index=0) as session:
+            prompt = await session.get_prompt()
+            output = await session.call_tool("submit", {"answer": "4"})
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional, Union
+
+import grpc
+
+from .._generated.ors.v1 import environment_service_pb2 as pb
+from ..types import Split, ToolSpec
+from . import _convert
+from ._connection import DEFAULT_MAX_MESSAGE_BYTES, Connection
+from ._tool_formats import Provider, format_tools
+from .session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
+from .types import Health, Task
+
+__all__ = ["API_KEY_ENV_VAR", "AsyncEnvironment", "AsyncORSClient"]
+
+#: Where the API key is read from when none is passed, as in ors-sdk's client.
+API_KEY_ENV_VAR = "ORS_API_KEY"
+
+
+class AsyncORSClient:
+    """A client of one ORS gRPC server (`host:port`), over one HTTP/2 channel.
+
+    `credentials` (e.g. `grpc.ssl_channel_credentials()`) selects TLS; the
+    API key is sent as `x-api-key` metadata on every call.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        api_key: Optional[str] = None,
+        *,
+        credentials: Optional[grpc.ChannelCredentials] = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
+        reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
+    ) -> None:
+        api_key = api_key or os.environ.get(API_KEY_ENV_VAR)
+        self._connection = Connection(target, api_key, credentials, max_message_bytes)
+        self._session_options = {"ping_interval_s": ping_interval_s, "reattach_attempts": reattach_attempts}
+
+    @property
+    def target(self) -> str:
+        return self._connection.target
+
+    async def __aenter__(self) -> "AsyncORSClient":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    async def health(self) -> Health:
+        response = await self._connection.unary("Health", pb.HealthRequest())
+        return Health(status=response.status, open_sessions=response.open_sessions)
+
+    async def version(self) -> str:
+        return (await self._connection.unary("Version", pb.VersionRequest())).version
+
+    async def list_environments(self) -> list[str]:
+        return list((await self._connection.unary("ListEnvironments", pb.ListEnvironmentsRequest())).names)
+
+    def environment(self, name: str) -> "AsyncEnvironment":
+        return AsyncEnvironment(name, self._connection, self._session_options)
+
+
+class AsyncEnvironment:
+    """One environment of the server: discovery calls and `session(...)`."""
+
+    def __init__(self, name: str, connection: Connection, session_options: Mapping[str, Any]) -> None:
+        self.name = name
+        self._connection = connection
+        self._session_options = dict(session_options)
+
+    async def list_splits(self) -> list[Split]:
+        response = await self._connection.unary("ListSplits", pb.ListSplitsRequest(env_name=self.name))
+        return [_convert.split(s) for s in response.splits]
+
+    async def list_tasks(self, split: str) -> list[Task]:
+        response = await self._connection.unary("ListTasks", pb.ListTasksRequest(env_name=self.name, split=split))
+        return self._tasks(response.tasks)
+
+    async def num_tasks(self, split: str) -> int:
+        response = await self._connection.unary("NumTasks", pb.NumTasksRequest(env_name=self.name, split=split))
+        return response.num_tasks
+
+    async def get_task(self, split: str, index: int) -> Task:
+        request = pb.GetTaskRequest(env_name=self.name, split=split, index=index)
+        response = await self._connection.unary("GetTask", request)
+        return Task(self.name, _convert.task_spec(response.task))
+
+    async def get_task_range(self, split: str, start: Optional[int] = None, stop: Optional[int] = None) -> list[Task]:
+        """Tasks [start, stop) with Python slice semantics (None = the ends, negatives from the end)."""
+        request = pb.GetTaskRangeRequest(env_name=self.name, split=split, start=start, stop=stop)
+        response = await self._connection.unary("GetTaskRange", request)
+        return self._tasks(response.tasks)
+
+    async def list_tools(self, format: Optional[Provider] = None) -> Union[list[ToolSpec], list[dict[str, Any]]]:
+        """The environment's shared tools, optionally in a provider's shape ("openai", "anthropic", "google")."""
+        response = await self._connection.unary("ListTools", pb.ListToolsRequest(env_name=self.name))
+        return format_tools([_convert.tool_spec(t) for t in response.tools], format)
+
+    def session(
+        self,
+        task: Union[Task, Mapping[str, Any], None] = None,
+        secrets: Optional[Mapping[str, str]] = None,
+        *,
+        split: Optional[str] = None,
+        index: Optional[int] = None,
+    ) -> AsyncSession:
+        """An episode on `task` (a Task or a task spec) or on task `index` of `split`.
+
+        Use it as `async with env.session(...) as session:`.
+        """
+        request = pb.CreateEpisodeRequest(env_name=self.name, secrets=dict(secrets or {}))
+        if (task is None) == (split is None or index is None) or (split is None) != (index is None):
+            raise ValueError("pass either task, or both split and index")
+        if task is not None:
+            spec = task.task_spec if isinstance(task, Task) else task
+            request.task_spec.CopyFrom(_convert.json_value(spec))
+        else:
+            request.task_index.CopyFrom(pb.TaskIndex(split=split, index=index))
+        return AsyncSession(self._connection, self.name, request, **self._session_options)
+
+    def _tasks(self, messages: Any) -> list[Task]:
+        return [Task(self.name, _convert.task_spec(m)) for m in messages]

@@ -1,0 +1,57 @@
+"""The client's exceptions: one for failed RPCs, two for tool calls that did not produce an output."""
+
+from __future__ import annotations
+
+import grpc
+
+from ..errors import ERROR_REASON_METADATA_KEY
+
+__all__ = [
+    "ORSServerError",
+    "ToolCallError",
+    "ToolError",
+    "ToolFailedError",
+]
+
+_UNSPECIFIED = "ERROR_REASON_UNSPECIFIED"
+
+
+class ORSServerError(Exception):
+    """An RPC failed. `reason` is the ErrorReason name the server sent
+    (`ERROR_REASON_UNSPECIFIED` when it sent none, e.g. for transport errors),
+    `code` the gRPC status code, `message` the server's human-readable text."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(f"{reason} ({code.name}): {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.aio.AioRpcError) -> "ORSServerError":
+        return cls(error.code(), _reason_of(error), error.details() or "")
+
+
+def _reason_of(error: grpc.aio.AioRpcError) -> str:
+    for key, value in error.trailing_metadata() or ():
+        if key == ERROR_REASON_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return _UNSPECIFIED
+
+
+class ToolError(Exception):
+    """A tool call produced no output; see the two subclasses."""
+
+    def __init__(self, tool_name: str, message: str) -> None:
+        super().__init__(f"tool {tool_name!r}: {message}")
+        self.tool_name = tool_name
+        self.message = message
+
+
+class ToolCallError(ToolError):
+    """The server refused the call without running the tool (a tool-level
+    error: unknown tool, input not matching its schema, episode finished)."""
+
+
+class ToolFailedError(ToolError):
+    """The tool ran and raised; `message` is its exception's message. The session lives on."""

@@ -1,0 +1,183 @@
+"""An episode seen from the client: created on enter, kept alive, deleted on exit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Mapping, Optional, Union
+
+import grpc
+
+from .._generated.ors.v1 import environment_service_pb2 as pb
+from ..types import ToolOutput, ToolSpec
+from . import _convert
+from ._connection import Connection
+from ._tool_formats import Provider, format_tools
+from .errors import ORSServerError, ToolCallError, ToolFailedError
+
+__all__ = ["AsyncSession"]
+
+logger = logging.getLogger("ors_grpc.client")
+
+#: The reference clients ping every 10 s; sessions expire after 15 min without activity.
+DEFAULT_PING_INTERVAL_S = 10.0
+#: How often a call whose stream broke after its task id arrived is reattached.
+DEFAULT_REATTACH_ATTEMPTS = 5
+_REATTACH_BASE_DELAY_S = 0.1
+_REATTACH_MAX_DELAY_S = 2.0
+#: Bounds each cleanup RPC, so exiting a session never hangs on a dead server.
+_CLEANUP_TIMEOUT_S = 10.0
+
+#: Codes meaning the stream broke (server gone, connection reset, stream
+#: cancelled or reset by the server), not that the call failed: the tool runs
+#: on regardless, so the call can be reattached by task id.
+_STREAM_BROKEN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL}
+#: The session is gone server-side: pinging it again is pointless.
+_SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
+
+
+class AsyncSession:
+    """`async with env.session(...) as session:` runs one episode.
+
+    Entering mints a session id and creates the episode; while inside, a
+    background task pings every `ping_interval_s`; exiting (also when the body
+    raised or was cancelled) deletes the episode and releases the session id.
+    """
+
+    def __init__(
+        self,
+        connection: Connection,
+        env_name: str,
+        create_request: pb.CreateEpisodeRequest,
+        *,
+        ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
+        reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
+    ) -> None:
+        self.env_name = env_name
+        self.session_id: Optional[str] = None
+        self._connection = connection
+        self._create_request = create_request
+        self._ping_interval_s = ping_interval_s
+        self._reattach_attempts = reattach_attempts
+        self._pinger: Optional[asyncio.Task[None]] = None
+
+    async def __aenter__(self) -> "AsyncSession":
+        minted = await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())
+        self.session_id = minted.session_id
+        self._create_request.session_id = self.session_id
+        try:
+            await self._unary("CreateEpisode", self._create_request)
+        except BaseException:
+            await asyncio.shield(self._release())
+            raise
+        self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Deletes the episode and releases the session id. Idempotent."""
+        if self._pinger is not None:
+            self._pinger.cancel()
+            self._pinger = None
+        # Shielded: a cancelled body must still free the server's session.
+        await asyncio.shield(self._release())
+
+    async def get_prompt(self) -> list[_convert.Block]:
+        response = await self._unary("GetPrompt", pb.GetPromptRequest(session_id=self._live_id()))
+        return _convert.blocks(response.blocks)
+
+    async def list_tools(self, format: Optional[Provider] = None) -> Union[list[ToolSpec], list[dict[str, Any]]]:
+        """The episode's tools (shared, then task-specific), optionally in a provider's shape."""
+        response = await self._unary("ListTaskTools", pb.ListTaskToolsRequest(session_id=self._live_id()))
+        return format_tools([_convert.tool_spec(t) for t in response.tools], format)
+
+    async def call_tool(self, name: str, input: Optional[Mapping[str, Any]] = None) -> ToolOutput:
+        """Runs a tool and returns its output.
+
+        Raises ToolCallError when the server refused the call (unknown tool,
+        bad input, episode finished), ToolFailedError when the tool raised,
+        ORSServerError when the RPC failed. A stream that breaks after the
+        call's task id arrived is reattached (never re-run) with backoff.
+        """
+        tool_input = _checked_input(input)
+        session_id = self._live_id()
+        task_id: Optional[str] = None
+        for attempt in range(self._reattach_attempts + 1):
+            request = pb.CallToolRequest(session_id=session_id, call=_convert.tool_call(name, tool_input, task_id))
+            stream = self._connection.call_tool_stream(request, session_id)
+            try:
+                async for event in stream:
+                    kind = event.WhichOneof("event")
+                    if kind == "task_id":
+                        task_id = event.task_id
+                    elif kind == "result":
+                        return _tool_result(name, event.result)
+                    elif kind == "failure":
+                        raise ToolFailedError(name, event.failure.message)
+                raise ORSServerError(grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "CallTool stream ended without a result")
+            except grpc.aio.AioRpcError as error:
+                # Before the task id arrived we cannot know whether the tool
+                # started, and running it twice is worse than failing.
+                if task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
+                    raise ORSServerError.from_rpc_error(error) from None
+                logger.info("call %s broke (%s); reattaching by task id", name, error.code().name)
+                await asyncio.sleep(min(_REATTACH_BASE_DELAY_S * 2**attempt, _REATTACH_MAX_DELAY_S))
+            finally:
+                stream.cancel()  # a no-op once the stream has ended
+        raise AssertionError("unreachable")
+
+    async def ping(self) -> None:
+        await self._unary("Ping", pb.PingRequest(session_id=self._live_id()))
+
+    def _live_id(self) -> str:
+        if self.session_id is None:
+            raise RuntimeError("the session is not open: use it as a context manager")
+        return self.session_id
+
+    async def _unary(self, method: str, request: Any) -> Any:
+        return await self._connection.unary(method, request, session_id=self.session_id)
+
+    async def _ping_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._ping_interval_s)
+            try:
+                await self.ping()
+            except ORSServerError as error:
+                if error.reason in _SESSION_GONE:
+                    logger.warning("session %s is gone (%s); stopped pinging", self.session_id, error.reason)
+                    return
+                # Transient (server restarting, network blip): the next ping may get through.
+                logger.info("ping of session %s failed: %s", self.session_id, error.code.name)
+
+    async def _release(self) -> None:
+        """DeleteEpisode then DeleteSessionId, each bounded and best effort."""
+        session_id, self.session_id = self.session_id, None
+        if session_id is None:
+            return
+        for method, request in (
+            ("DeleteEpisode", pb.DeleteEpisodeRequest(session_id=session_id)),
+            ("DeleteSessionId", pb.DeleteSessionIdRequest(session_id=session_id)),
+        ):
+            try:
+                await self._connection.unary(method, request, session_id=session_id, timeout=_CLEANUP_TIMEOUT_S)
+            except ORSServerError as error:
+                logger.warning("%s of session %s failed: %s", method, session_id, error)
+
+
+def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    if tool_input is None:
+        return {}
+    if not isinstance(tool_input, Mapping):
+        raise TypeError(f"tool input must be a mapping, got {type(tool_input).__name__}")
+    bad_keys = [k for k in tool_input if not isinstance(k, str)]
+    if bad_keys:
+        raise TypeError(f"tool input keys must be strings, got {bad_keys!r}")
+    return dict(tool_input)
+
+
+def _tool_result(name: str, result: Any) -> ToolOutput:
+    if result.WhichOneof("outcome") == "error":
+        raise ToolCallError(name, result.error)
+    return _convert.tool_output(result.output)
