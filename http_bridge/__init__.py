@@ -1,0 +1,5 @@
+"""The standard ORS HTTP/SSE API, served by a thin aiohttp bridge onto the ORS gRPC service."""
+
+from .app import create_app, start_bridge
+
+__all__ = ["create_app", "start_bridge"]

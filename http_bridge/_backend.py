@@ -1,0 +1,102 @@
+"""The bridge's side of the gRPC hop: the channel, the metadata allowlist, the env-name cache."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import grpc
+from aiohttp import web
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
+from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
+from ors_grpc.errors import ERROR_REASON_METADATA_KEY
+
+__all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel"]
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+def open_channel(
+    target: str,
+    *,
+    max_message_bytes: int,
+    tls_root_cert: Optional[str] = None,
+    tls_server_name: Optional[str] = None,
+) -> grpc.aio.Channel:
+    """One long-lived channel to the backend, quick to reconnect after an outage."""
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # gRPC's default reconnect backoff grows to 120 s; a bridge in front
+        # of a restarted backend should be back within a second or so.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        # Notice a silently dead backend (no RST) during long tool calls.
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 0),
+    ]
+    if tls_root_cert is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    if tls_server_name:
+        options.append(("grpc.ssl_target_name_override", tls_server_name))
+    credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_root_cert).read_bytes())
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+def _printable_ascii(value: str) -> bool:
+    return value.isascii() and value.isprintable()
+
+
+def call_metadata(request: web.Request, session_id: Optional[str] = None) -> Metadata:
+    """The gRPC metadata of an HTTP request, through an explicit allowlist.
+
+    `X-API-Key` (or `Authorization: Bearer`) becomes `x-api-key`, so one key
+    check guards both doors; the session id becomes `x-session-id` for
+    session-affine load balancing. Values gRPC cannot carry are left out: the
+    session id still travels in the request message, and a missing key is
+    refused by the backend as it should be.
+    """
+    metadata = []
+    api_key = request.headers.get("X-API-Key") or _bearer_token(request.headers.get("Authorization", ""))
+    if api_key and _printable_ascii(api_key):
+        metadata.append(("x-api-key", api_key))
+    if session_id and _printable_ascii(session_id):
+        metadata.append(("x-session-id", session_id))
+    return tuple(metadata)
+
+
+def _bearer_token(authorization: str) -> str:
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def error_reason(error: grpc.aio.AioRpcError) -> Optional[str]:
+    """The `ors-error-reason` trailing metadata entry of a failed RPC, if any."""
+    for key, value in error.trailing_metadata() or ():
+        if key == ERROR_REASON_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class EnvNames:
+    """The backend's environment names, cached briefly for the default-env redirect.
+
+    Not session state: the list only changes when the backend is redeployed.
+    """
+
+    def __init__(self, stub: EnvironmentServiceStub, ttl_s: float) -> None:
+        self._stub = stub
+        self._ttl_s = ttl_s
+        self._names: list[str] = []
+        self._fetched_at = float("-inf")
+
+    async def get(self, metadata: Metadata) -> list[str]:
+        if time.monotonic() - self._fetched_at > self._ttl_s:
+            response = await self._stub.ListEnvironments(service_pb2.ListEnvironmentsRequest(), metadata=metadata)
+            self._names = [name.lower() for name in response.names]
+            self._fetched_at = time.monotonic()
+        return self._names

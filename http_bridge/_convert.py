@@ -1,0 +1,313 @@
+"""JSON <-> proto for the HTTP side: the one place bodies are read and JSON is written.
+
+Request bodies are validated with small pydantic models that accept what the
+reference server (ors-sdk 0.1.0) accepts, except that unknown extra fields are
+ignored (newer `openreward` clients send some). A bad body raises `BadRequest`
+(HTTP 422) whose detail names the field.
+
+Responses are JSON text in the reference's key order. User JSON (task specs,
+schemas, `detail`, `metadata`) arrives from the backend as JSON text
+(`JsonValue.json`) and is spliced in as is, so integers beyond 2^53, `1.0` vs
+`1`, key order and unicode survive the hop untouched.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any, Iterable, Optional
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
+from ors_grpc._generated.ors.v1 import types_pb2
+
+__all__ = [
+    "BadRequest",
+    "Body",
+    "CallBody",
+    "CreateBody",
+    "SplitBody",
+    "TaskBody",
+    "TaskRangeBody",
+    "blocks_json",
+    "create_episode_request",
+    "dumps",
+    "parse_body",
+    "run_tool_result_json",
+    "secrets_from_header",
+    "split_json",
+    "task_json",
+    "task_range_request",
+    "task_request",
+    "tool_call_request",
+    "tools_json",
+]
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class BadRequest(Exception):
+    """The request does not fit the endpoint: HTTP `status` (422 for a bad body)."""
+
+    def __init__(self, detail: str, status: int = 422) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+
+
+# --------------------------------------------------------------------------
+# Request bodies
+# --------------------------------------------------------------------------
+
+
+class Body(BaseModel):
+    # Unknown fields are ignored, not rejected (the spec's decision).
+    model_config = ConfigDict(extra="ignore")
+
+
+class SplitBody(Body):
+    """Body of `/tasks` and `/num_tasks`."""
+
+    split: str
+
+
+class TaskBody(Body):
+    """Body of `/task` (alias `/get_task`)."""
+
+    split: str
+    index: int
+
+
+class TaskRangeBody(Body):
+    """Body of `/task_range` (alias `/get_task_range`)."""
+
+    split: str
+    start: Optional[int] = None
+    stop: Optional[int] = None
+
+
+class CreateBody(Body):
+    """Body of `/create`: exactly one of `task_spec` or `split` + `index`."""
+
+    env_name: Optional[str] = None
+    # dict[str, Any] keeps the user's values exactly as json.loads made them.
+    task_spec: Optional[dict[str, Any]] = None
+    split: Optional[str] = None
+    index: Optional[int] = None
+    secrets: Optional[dict[str, str]] = None
+
+    @model_validator(mode="after")
+    def _one_task_source(self) -> "CreateBody":
+        has_spec = self.task_spec is not None
+        has_index = self.split is not None and self.index is not None
+        if has_spec == has_index:
+            raise ValueError("Provide either task_spec or both split and index, not both/neither")
+        if (self.split is None) != (self.index is None):
+            raise ValueError("split and index must both be provided together")
+        return self
+
+
+class CallBody(Body):
+    """Body of `/{env}/call`."""
+
+    name: str
+    input: dict[str, Any]
+    task_id: Optional[str] = None
+
+
+def parse_body(raw: bytes, model: type[Body]) -> Any:
+    """Parse and validate a JSON request body, or raise BadRequest."""
+    if not raw.strip():
+        raise BadRequest("Request body is required: a JSON object")
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"Request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("Request body is nested too deeply") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"Request body must be a JSON object, not {_json_type(value)}")
+    try:
+        return model.model_validate(value)
+    except pydantic.ValidationError as exc:
+        raise BadRequest(_describe(exc)) from None
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    """One line naming the first wrong field, e.g. `index: Input should be ...`."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _int64(value: int) -> int:
+    # Proto fields are int64; clamping keeps Python-slice and index semantics
+    # (no split has 2^63 tasks) while avoiding an overflow on the hop.
+    return max(INT64_MIN, min(INT64_MAX, value))
+
+
+def _json_value(value: Any) -> types_pb2.JsonValue:
+    return types_pb2.JsonValue(json=json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def secrets_from_header(header: Optional[str]) -> dict[str, str]:
+    """Secrets from `X-Secrets`: base64 JSON `{"NAME": {"value": ...}}` or `{"NAME": "..."}`."""
+    if not header:
+        return {}
+    try:
+        payload = json.loads(base64.b64decode(header.strip(), validate=True))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise BadRequest("X-Secrets header must be base64 of a JSON object") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("X-Secrets header must be base64 of a JSON object")
+    secrets = {}
+    for name, entry in payload.items():
+        value = entry.get("value") if isinstance(entry, dict) else entry
+        if not isinstance(value, str):
+            # Name the secret, never its value.
+            raise BadRequest(f"X-Secrets: secret {name!r} has no string value")
+        secrets[name] = value
+    return secrets
+
+
+def create_episode_request(
+    session_id: str, body: CreateBody, header_secrets: dict[str, str]
+) -> service_pb2.CreateEpisodeRequest:
+    """The CreateEpisode request of a `/create` body; body secrets win over the header's."""
+    request = service_pb2.CreateEpisodeRequest(
+        session_id=session_id,
+        env_name=body.env_name or "",
+        secrets={**header_secrets, **(body.secrets or {})},
+    )
+    if body.task_spec is not None:
+        request.task_spec.CopyFrom(_json_value(body.task_spec))
+    else:
+        request.task_index.CopyFrom(service_pb2.TaskIndex(split=body.split, index=_int64(body.index)))
+    return request
+
+
+def task_range_request(env_name: str, body: TaskRangeBody) -> service_pb2.GetTaskRangeRequest:
+    request = service_pb2.GetTaskRangeRequest(env_name=env_name, split=body.split)
+    if body.start is not None:
+        request.start = _int64(body.start)
+    if body.stop is not None:
+        request.stop = _int64(body.stop)
+    return request
+
+
+def task_request(env_name: str, body: TaskBody) -> service_pb2.GetTaskRequest:
+    return service_pb2.GetTaskRequest(env_name=env_name, split=body.split, index=_int64(body.index))
+
+
+def tool_call_request(session_id: str, body: CallBody) -> service_pb2.CallToolRequest:
+    call = types_pb2.ToolCall(name=body.name, input=_json_value(body.input), task_id=body.task_id or "")
+    return service_pb2.CallToolRequest(session_id=session_id, call=call)
+
+
+# --------------------------------------------------------------------------
+# Responses
+# --------------------------------------------------------------------------
+
+
+class Raw(str):
+    """JSON text to splice into output as is."""
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON (like pydantic's `model_dump_json`) with `Raw` spliced in."""
+    if isinstance(value, Raw):
+        return value
+    if isinstance(value, dict):
+        items = (f"{_scalar(key)}:{dumps(item)}" for key, item in value.items())
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps(item) for item in value) + "]"
+    return _scalar(value)
+
+
+def _scalar(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def raw_json(value: types_pb2.JsonValue, present: bool = True) -> Raw:
+    """User JSON from the backend, or `null` when unset."""
+    if not present or not value.json:
+        return Raw("null")
+    text = value.json
+    if "\n" in text or "\r" in text:
+        # Pretty-printed: compact it, since SSE data lines cannot hold newlines.
+        text = _scalar(json.loads(text))
+    return Raw(text)
+
+
+def _block(block: types_pb2.Block) -> dict[str, Any]:
+    if block.WhichOneof("block") == "image":
+        image = block.image
+        return {
+            "data": base64.b64encode(image.data).decode("ascii"),
+            "mimeType": image.mime_type,
+            "detail": raw_json(image.detail, image.HasField("detail")),
+            "type": "image",
+        }
+    text = block.text
+    return {"text": text.text, "detail": raw_json(text.detail, text.HasField("detail")), "type": "text"}
+
+
+def blocks_json(blocks: Iterable[types_pb2.Block]) -> list[dict[str, Any]]:
+    return [_block(block) for block in blocks]
+
+
+def tools_json(tools: Iterable[types_pb2.ToolSpec]) -> dict[str, Any]:
+    """ListToolsOutput: `{"tools": [{"name", "description", "input_schema"}]}`."""
+    return {
+        "tools": [
+            {
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": raw_json(tool.input_schema, tool.HasField("input_schema")),
+            }
+            for tool in tools
+        ]
+    }
+
+
+_SPLIT_TYPES = {
+    types_pb2.SPLIT_TYPE_TRAIN: "train",
+    types_pb2.SPLIT_TYPE_VALIDATION: "validation",
+    types_pb2.SPLIT_TYPE_TEST: "test",
+}
+
+
+def split_json(split: types_pb2.Split) -> dict[str, Any]:
+    return {"name": split.name, "type": _SPLIT_TYPES.get(split.type, "validation")}
+
+
+def task_json(task: types_pb2.Task) -> Raw:
+    return raw_json(task.spec, task.HasField("spec"))
+
+
+def run_tool_result_json(result: types_pb2.RunToolResult) -> str:
+    """RunToolOutput as compact JSON text: the payload of a `/call` stream."""
+    if result.WhichOneof("outcome") == "error":
+        return dumps({"ok": False, "error": result.error})
+    output = result.output
+    return dumps(
+        {
+            "ok": True,
+            "output": {
+                "blocks": blocks_json(output.blocks),
+                "metadata": raw_json(output.metadata, output.HasField("metadata")),
+                "reward": output.reward if output.HasField("reward") else None,
+                "finished": output.finished,
+            },
+        }
+    )

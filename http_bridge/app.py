@@ -1,0 +1,436 @@
+"""The ORS HTTP/SSE API as an aiohttp application over the gRPC EnvironmentService.
+
+Every handler translates one HTTP request into one RPC and back; the bridge
+holds no session state. JSON <-> proto lives in `_convert`, gRPC failures
+become HTTP statuses in the one error middleware (through
+`ors_grpc.errors.http_status_for`), and SSE framing lives in `_sse`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional
+
+import grpc
+from aiohttp import web
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
+from ors_grpc.errors import http_status_for
+
+from . import _convert as convert
+from ._backend import EnvNames, call_metadata, error_reason, open_channel
+from ._sse import SSEWriter, wants_event_stream
+
+__all__ = ["DEFAULT_MAX_BYTES", "create_app", "start_bridge"]
+
+logger = logging.getLogger("http_bridge")
+
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+
+_UNKNOWN_TASK_ID = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID)
+
+#: First path segments that are routes of their own, not environment names.
+ROOT_SEGMENTS = frozenset(
+    {"health", "version", "list_environments", "ping", "create", "delete", "create_session", "delete_session"}
+)
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    backend_target: str
+    max_body_bytes: int
+    max_message_bytes: int
+    keepalive_interval_s: float
+    env_cache_ttl_s: float
+    tls_root_cert: Optional[str]
+    tls_server_name: Optional[str]
+
+
+CONFIG = web.AppKey("config", BridgeConfig)
+STUB = web.AppKey("stub", EnvironmentServiceStub)
+ENV_NAMES = web.AppKey("env_names", EnvNames)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def _json(value: Any, status: int = 200, headers: Optional[dict[str, str]] = None) -> web.Response:
+    return web.Response(text=convert.dumps(value), status=status, headers=headers, content_type="application/json")
+
+
+def _stub(request: web.Request) -> EnvironmentServiceStub:
+    return request.app[STUB]
+
+
+def _session_id(request: web.Request) -> str:
+    session_id = request.headers.get("X-Session-ID")
+    if not session_id:
+        raise convert.BadRequest("X-Session-ID header is required", status=400)
+    return session_id.strip()
+
+
+async def _body(request: web.Request, model: type[convert.Body]) -> Any:
+    return convert.parse_body(await request.read(), model)
+
+
+# --------------------------------------------------------------------------
+# Middlewares
+# --------------------------------------------------------------------------
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure becomes `{"detail": ...}` with its HTTP status; never a traceback."""
+    try:
+        return await handler(request)
+    except convert.BadRequest as exc:
+        return _json({"detail": exc.detail}, exc.status)
+    except grpc.aio.AioRpcError as exc:
+        return _rpc_error(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return _json({"detail": exc.reason}, exc.status, headers)
+    except Exception:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return _json({"detail": "Internal Server Error"}, 500)
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
+    reason = error_reason(exc)
+    status = http_status_for(exc.code(), reason)
+    detail = exc.details() or exc.code().name
+    headers = None
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and reason is None:
+        # The backend is down or restarting; the gRPC detail names internal
+        # addresses, so keep it out. Both clients retry 503s.
+        detail = "ORS backend unavailable, retry shortly"
+    if status in (429, 503):
+        headers = {"Retry-After": "1"}
+    return _json({"detail": detail}, status, headers)
+
+
+@web.middleware
+async def limit_body(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """413 for a declared body over the limit, before anything reads it."""
+    limit = request.app[CONFIG].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+    return await handler(request)
+
+
+@web.middleware
+async def default_env_redirect(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """308 from a bare path to the default (first) environment's, as the reference does."""
+    first_segment = request.path.strip("/").split("/", 1)[0].lower()
+    if first_segment not in ROOT_SEGMENTS:
+        names = await request.app[ENV_NAMES].get(call_metadata(request))
+        if names and first_segment not in names:
+            location = f"/{names[0]}{request.rel_url.raw_path}"
+            if request.query_string:
+                location += f"?{request.query_string}"
+            raise web.HTTPPermanentRedirect(location)
+    return await handler(request)
+
+
+# --------------------------------------------------------------------------
+# Discovery
+# --------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    try:
+        await _stub(request).Health(service_pb2.HealthRequest(), metadata=call_metadata(request))
+    except grpc.aio.AioRpcError as exc:
+        # A backend that refuses the key is still up; /health needs no key.
+        if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+            raise
+    return _json({"status": "ok"})
+
+
+async def version(request: web.Request) -> web.Response:
+    response = await _stub(request).Version(service_pb2.VersionRequest(), metadata=call_metadata(request))
+    return _json({"version": response.version})
+
+
+async def list_environments(request: web.Request) -> web.Response:
+    request_ = service_pb2.ListEnvironmentsRequest()
+    response = await _stub(request).ListEnvironments(request_, metadata=call_metadata(request))
+    return _json(list(response.names))
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    request_ = service_pb2.ListToolsRequest(env_name=request.match_info["env"])
+    response = await _stub(request).ListTools(request_, metadata=call_metadata(request))
+    return _json(convert.tools_json(response.tools))
+
+
+async def list_splits(request: web.Request) -> web.Response:
+    request_ = service_pb2.ListSplitsRequest(env_name=request.match_info["env"])
+    response = await _stub(request).ListSplits(request_, metadata=call_metadata(request))
+    return _json([convert.split_json(split) for split in response.splits])
+
+
+async def list_tasks(request: web.Request) -> web.Response:
+    body = await _body(request, convert.SplitBody)
+    request_ = service_pb2.ListTasksRequest(env_name=request.match_info["env"], split=body.split)
+    response = await _stub(request).ListTasks(request_, metadata=call_metadata(request))
+    return _json({"tasks": [convert.task_json(task) for task in response.tasks], "env_name": response.env_name})
+
+
+async def num_tasks(request: web.Request) -> web.Response:
+    body = await _body(request, convert.SplitBody)
+    request_ = service_pb2.NumTasksRequest(env_name=request.match_info["env"], split=body.split)
+    response = await _stub(request).NumTasks(request_, metadata=call_metadata(request))
+    return _json({"num_tasks": response.num_tasks})
+
+
+async def get_task(request: web.Request) -> web.Response:
+    body = await _body(request, convert.TaskBody)
+    request_ = convert.task_request(request.match_info["env"], body)
+    response = await _stub(request).GetTask(request_, metadata=call_metadata(request))
+    return _json({"task": convert.task_json(response.task)})
+
+
+async def get_task_range(request: web.Request) -> web.Response:
+    body = await _body(request, convert.TaskRangeBody)
+    request_ = convert.task_range_request(request.match_info["env"], body)
+    response = await _stub(request).GetTaskRange(request_, metadata=call_metadata(request))
+    return _json({"tasks": [convert.task_json(task) for task in response.tasks]})
+
+
+# --------------------------------------------------------------------------
+# Sessions and episodes
+# --------------------------------------------------------------------------
+
+
+async def create_session(request: web.Request) -> web.StreamResponse:
+    """A new session id: SSE (what both Python clients read) or JSON, by Accept."""
+    request_ = service_pb2.CreateSessionIdRequest()
+    response = await _stub(request).CreateSessionId(request_, metadata=call_metadata(request))
+    if not wants_event_stream(request):
+        return _json({"sid": response.session_id})
+    writer = SSEWriter(request)
+    await writer.start()
+    await writer.event("task_id", response.session_id)
+    await writer.event("end", "")
+    await writer.finish()
+    return writer.response
+
+
+async def create_episode(request: web.Request) -> web.Response:
+    raw = await request.read()
+    session_id = _session_id(request)
+    body = convert.parse_body(raw, convert.CreateBody)
+    header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
+    request_ = convert.create_episode_request(session_id, body, header_secrets)
+    await _stub(request).CreateEpisode(request_, metadata=call_metadata(request, session_id))
+    return _json({"sid": session_id})
+
+
+async def ping(request: web.Request) -> web.Response:
+    session_id = _session_id(request)
+    request_ = service_pb2.PingRequest(session_id=session_id)
+    response = await _stub(request).Ping(request_, metadata=call_metadata(request, session_id))
+    return _json({"status": response.status or "ok"})
+
+
+async def delete_episode(request: web.Request) -> web.Response:
+    session_id = _session_id(request)
+    request_ = service_pb2.DeleteEpisodeRequest(session_id=session_id)
+    await _stub(request).DeleteEpisode(request_, metadata=call_metadata(request, session_id))
+    return _json({"sid": session_id})
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    session_id = _session_id(request)
+    request_ = service_pb2.DeleteSessionIdRequest(session_id=session_id)
+    await _stub(request).DeleteSessionId(request_, metadata=call_metadata(request, session_id))
+    return _json({"sid": session_id})
+
+
+async def get_prompt(request: web.Request) -> web.Response:
+    session_id = _session_id(request)
+    request_ = service_pb2.GetPromptRequest(session_id=session_id)
+    response = await _stub(request).GetPrompt(request_, metadata=call_metadata(request, session_id))
+    return _json(convert.blocks_json(response.blocks))
+
+
+async def task_tools(request: web.Request) -> web.Response:
+    session_id = _session_id(request)
+    request_ = service_pb2.ListTaskToolsRequest(session_id=session_id)
+    response = await _stub(request).ListTaskTools(request_, metadata=call_metadata(request, session_id))
+    return _json(convert.tools_json(response.tools))
+
+
+# --------------------------------------------------------------------------
+# Tool calls over SSE
+# --------------------------------------------------------------------------
+
+
+async def call_tool(request: web.Request) -> web.StreamResponse:
+    """Run a tool (or attach to a running call by `task_id`) and stream its result.
+
+    The HTTP status is sent only once the backend has sent the call's task
+    id, so that errors before it (unknown session, setup failed, session
+    deleted) are real HTTP statuses; after it, failures are SSE `error`
+    events.
+    """
+    raw = await request.read()
+    session_id = _session_id(request)
+    body = convert.parse_body(raw, convert.CallBody)
+    stream = _stub(request).CallTool(
+        convert.tool_call_request(session_id, body), metadata=call_metadata(request, session_id)
+    )
+    try:
+        try:
+            first = await stream.read()
+        except grpc.aio.AioRpcError as exc:
+            if error_reason(exc) == _UNKNOWN_TASK_ID:
+                return await _unknown_task_id(request)
+            raise
+        if first is grpc.aio.EOF or first.WhichOneof("event") != "task_id":
+            raise web.HTTPBadGateway(reason="The ORS backend ended the call without a task id")
+        writer = SSEWriter(request)
+        await writer.start()
+        try:
+            await writer.event("task_id", first.task_id)
+            await _stream_outcome(stream, writer, request.app[CONFIG].keepalive_interval_s)
+            await writer.finish()
+        except ConnectionResetError:
+            pass  # The client left; it may attach again by task id.
+        return writer.response
+    finally:
+        # Ends our watching only: the backend never cancels a tool with its stream.
+        stream.cancel()
+
+
+async def _unknown_task_id(request: web.Request) -> web.StreamResponse:
+    # The reference answers an unknown task id in-band, with this message.
+    writer = SSEWriter(request)
+    await writer.start()
+    await writer.event("error", "unknown task_id")
+    await writer.finish()
+    return writer.response
+
+
+async def _stream_outcome(stream: Any, writer: SSEWriter, keepalive_interval_s: float) -> None:
+    """The call's result as `chunk`*/`end`, or its failure as `error`."""
+    try:
+        message = await writer.await_with_keepalive(stream.read(), keepalive_interval_s)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) and error_reason(exc) is None:
+            # The backend went away mid-call: end the stream without `end`,
+            # so the client reconnects with the task id instead of giving up.
+            return
+        await writer.event("error", exc.details() or exc.code().name)
+        return
+    if message is grpc.aio.EOF:
+        return
+    event = message.WhichOneof("event")
+    if event == "result":
+        await writer.chunked(convert.run_tool_result_json(message.result))
+    elif event == "failure":
+        await writer.event("error", message.failure.message)
+
+
+# --------------------------------------------------------------------------
+# The application
+# --------------------------------------------------------------------------
+
+
+def _routes() -> list[web.RouteDef]:
+    return [
+        web.get("/health", health),
+        web.get("/version", version),
+        web.get("/list_environments", list_environments),
+        web.post("/create_session", create_session),
+        web.post("/create", create_episode),
+        web.post("/ping", ping),
+        web.post("/delete", delete_episode),
+        web.post("/delete_session", delete_session),
+        web.get("/{env}/tools", list_tools),
+        web.get("/{env}/splits", list_splits),
+        web.post("/{env}/tasks", list_tasks),
+        web.post("/{env}/num_tasks", num_tasks),
+        web.post("/{env}/task", get_task),
+        web.post("/{env}/get_task", get_task),
+        web.post("/{env}/task_range", get_task_range),
+        web.post("/{env}/get_task_range", get_task_range),
+        web.get("/{env}/prompt", get_prompt),
+        web.get("/{env}/task_tools", task_tools),
+        web.post("/{env}/call", call_tool),
+    ]
+
+
+async def _backend_channel(app: web.Application) -> Any:
+    """One long-lived gRPC channel for the app's lifetime."""
+    config = app[CONFIG]
+    channel = open_channel(
+        config.backend_target,
+        max_message_bytes=config.max_message_bytes,
+        tls_root_cert=config.tls_root_cert,
+        tls_server_name=config.tls_server_name,
+    )
+    app[STUB] = EnvironmentServiceStub(channel)
+    app[ENV_NAMES] = EnvNames(app[STUB], config.env_cache_ttl_s)
+    yield
+    await channel.close()
+
+
+def create_app(
+    backend_target: str,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BYTES,
+    max_message_bytes: int = DEFAULT_MAX_BYTES,
+    keepalive_interval_s: float = 9.0,
+    env_cache_ttl_s: float = 5.0,
+    tls_root_cert: Optional[str] = None,
+    tls_server_name: Optional[str] = None,
+) -> web.Application:
+    """The HTTP/SSE bridge in front of the gRPC backend at `backend_target` ("host:port").
+
+    `max_body_bytes` bounds request bodies (413 above it); `max_message_bytes`
+    bounds gRPC messages both ways; a `: ping` comment is sent every
+    `keepalive_interval_s` while a tool runs. With `tls_root_cert` (a PEM
+    path) the backend is reached over TLS.
+    """
+    app = web.Application(
+        middlewares=[errors_as_json, limit_body, default_env_redirect],
+        client_max_size=max_body_bytes,
+    )
+    app[CONFIG] = BridgeConfig(
+        backend_target=backend_target,
+        max_body_bytes=max_body_bytes,
+        max_message_bytes=max_message_bytes,
+        keepalive_interval_s=keepalive_interval_s,
+        env_cache_ttl_s=env_cache_ttl_s,
+        tls_root_cert=tls_root_cert,
+        tls_server_name=tls_server_name,
+    )
+    app.cleanup_ctx.append(_backend_channel)
+    app.add_routes(_routes())
+    return app
+
+
+async def start_bridge(
+    backend_target: str, host: str = "127.0.0.1", port: int = 8080, **options: Any
+) -> tuple[web.AppRunner, int]:
+    """Start the bridge on host:port (0 picks a free port); returns the runner and the bound port.
+
+    Stop it with `await runner.cleanup()`. `options` are `create_app`'s.
+    """
+    runner = web.AppRunner(create_app(backend_target, **options), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    return runner, bound_port
