@@ -1,0 +1,151 @@
+"""The `ors-grpc` command: `serve` environments over gRPC (and HTTP), or run only the `bridge`.
+
+    ors-grpc serve [MODULE:CLASS ...] [--host H] [--port P] [--http-port P] ...
+    ors-grpc bridge --backend HOST:PORT [--host H] [--http-port P]
+
+Each door prints `gRPC listening on HOST:PORT` / `HTTP listening on HOST:PORT`
+once it accepts connections (port 0 picks a free port). SIGINT and SIGTERM
+stop gracefully: no new work, every session torn down, exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import signal
+import sys
+from typing import Any, Sequence
+
+__all__ = ["main"]
+
+DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# Seconds running RPCs get to finish after a stop signal.
+SHUTDOWN_GRACE_S = 5.0
+
+logger = logging.getLogger("ors_grpc.cli")
+
+
+def load_environment(spec: str) -> type:
+    """Import `module.path:ClassName` (the current directory is importable)."""
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not module_name or not class_name:
+        raise SystemExit(f"environment must look like module.path:ClassName, got {spec!r}")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise SystemExit(f"module {module_name!r} has no attribute {class_name!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ors-grpc", description="Open Reward Standard over gRPC.")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve environments over gRPC (and HTTP with --http-port)")
+    serve.add_argument("environments", nargs="*", metavar="ENV",
+                       help=f"module.path:ClassName; the first is the default (default {DEFAULT_ENVIRONMENT})")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", "--grpc-port", dest="port", type=int, default=50051, help="gRPC port")
+    serve.add_argument("--http-port", type=int, default=None, help="also serve the HTTP/SSE bridge on this port")
+    serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
+    serve.add_argument("--session-timeout", type=float, default=900.0, help="seconds before an idle session is reaped")
+    serve.add_argument("--max-sessions", type=int, default=None)
+    serve.add_argument("--tool-timeout", type=float, default=None, help="seconds a tool call may run")
+    serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
+    serve.add_argument("--tls-key", default=None, help="PEM private key file")
+
+    bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
+    bridge.add_argument("--backend", required=True, metavar="HOST:PORT")
+    bridge.add_argument("--host", default="127.0.0.1")
+    bridge.add_argument("--http-port", type=int, default=8080)
+    bridge.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    return parser
+
+
+def _announce(door: str, host: str, port: int) -> None:
+    print(f"{door} listening on {host}:{port}", flush=True)
+
+
+async def _wait_for_stop_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+
+def _local_target(host: str, port: int) -> str:
+    """Where a co-located client reaches a server bound to `host`."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from .server import ServerConfig, create_server
+
+    if args.tls_cert and args.http_port is not None:
+        raise SystemExit("--http-port with TLS is not supported: run `ors-grpc bridge` separately")
+    environments = [load_environment(spec) for spec in args.environments or [DEFAULT_ENVIRONMENT]]
+    config = ServerConfig(
+        session_timeout_s=args.session_timeout,
+        max_message_bytes=args.max_message_bytes,
+        api_key=args.api_key,
+        max_sessions=args.max_sessions,
+        tool_timeout_s=args.tool_timeout,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    server, port = await create_server(environments, f"{args.host}:{args.port}", config=config)
+    _announce("gRPC", args.host, port)
+    runner: Any = None
+    try:
+        if args.http_port is not None:
+            from http_bridge import start_bridge
+
+            runner, http_port = await start_bridge(
+                _local_target(args.host, port), args.host, args.http_port,
+                max_body_bytes=args.max_message_bytes,
+            )
+            _announce("HTTP", args.host, http_port)
+        await _wait_for_stop_signal()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await server.stop(SHUTDOWN_GRACE_S)
+    logger.info("server_stopped")
+
+
+async def _bridge(args: argparse.Namespace) -> None:
+    from http_bridge import start_bridge
+
+    runner, http_port = await start_bridge(
+        args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes
+    )
+    _announce("HTTP", args.host, http_port)
+    try:
+        await _wait_for_stop_signal()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="time=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+    )
+    command = _serve if args.command == "serve" else _bridge
+    asyncio.run(command(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The `Environment` base class and the `@tool` decorator.
+
+Same surface and defaults as the reference SDK (ors-sdk 0.1.0), so an
+environment written for `ors` runs here after changing only its import. One
+difference, invisible to authors: synchronous user code (constructors,
+`setup`, `teardown`, `get_prompt`, tools) runs in a worker thread, so a slow
+episode never blocks the event loop that serves every other session.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    ClassVar,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+    get_type_hints,
+    overload,
+)
+
+import asyncio
+from pydantic import BaseModel, ValidationError
+
+from .types import (
+    Blocks,
+    JSONObject,
+    ListToolsOutput,
+    RunToolError,
+    RunToolOutput,
+    RunToolSuccess,
+    Split,
+    ToolOutput,
+    ToolSpec,
+)
+
+__all__ = ["Environment", "tool", "run_user_code"]
+
+T = TypeVar("T")
+logger = logging.getLogger("ors_grpc.environment")
+
+# User code may block for long (loading data, starting containers): give it a
+# pool of its own, larger than the loop's default (cpu + 4 threads), so a few
+# slow episodes do not starve the others. Threads are created on demand.
+_USER_CODE_THREADS = 64
+_executor: ThreadPoolExecutor | None = None
+
+
+def _user_code_executor() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(_USER_CODE_THREADS, thread_name_prefix="ors-user-code")
+    return _executor
+
+
+async def run_user_code(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call user code without blocking the loop: await coroutine functions,
+    run plain functions in a worker thread (awaiting what they may return)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(_user_code_executor(), functools.partial(fn, *args))
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+@overload
+def tool(fn: Callable[..., Any]) -> Callable[..., Any]: ...
+@overload
+def tool(*, shared: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+def tool(fn: Optional[Callable[..., Any]] = None, *, shared: bool = True) -> Callable[..., Any]:
+    """Mark a method as a tool: `@tool`, or `@tool(shared=False)` for a tool
+    that `list_tools` does not advertise (a task-specific tool)."""
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, "_env_tool", True)
+        setattr(f, "_env_tool_shared", shared)
+        return f
+
+    return mark if fn is None else mark(fn)
+
+
+def _introspect_tool(fn: Callable[..., Any]) -> tuple[Any, dict, list]:
+    """Return (unwrapped_fn, type_hints, non-self params) for a tool function."""
+    real = inspect.unwrap(fn)
+    hints = get_type_hints(real, include_extras=True)
+    params = [p for p in inspect.signature(real).parameters.values() if p.name != "self"]
+    return real, hints, params
+
+
+def _tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
+    _, hints, params = _introspect_tool(fn)
+    schema = None
+    if params:
+        model: type[BaseModel] = hints[params[0].name]
+        schema = model.model_json_schema()
+    return ToolSpec(name=name, description=(fn.__doc__ or "").strip(), input_schema=schema)
+
+
+class Environment(ABC):
+    """An interface to (possibly stateful) computation an agent acts on with tools.
+
+    Environments have tasks: JSON objects describing a setup and goal. One
+    instance serves one episode, constructed from its task spec and secrets.
+    """
+
+    toolsets: ClassVar[Sequence[type]] = ()
+
+    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
+        self.task_spec = task_spec
+        self._toolset_instances: dict[type, Any] = {}
+
+    def setup(self) -> Optional[Awaitable[None]]:
+        """Prepare the episode; runs in the background after creation."""
+
+    def teardown(self) -> Optional[Awaitable[None]]:
+        """Release the episode's resources; runs when the episode ends."""
+
+    @abstractmethod
+    def get_prompt(self) -> Union[Blocks, Awaitable[Blocks]]:
+        """The prompt for the current task."""
+
+    @classmethod
+    @abstractmethod
+    def list_tasks(cls, split: str) -> Union[Sequence[JSONObject], Awaitable[Sequence[JSONObject]]]:
+        """All tasks of a split."""
+
+    @classmethod
+    @abstractmethod
+    @functools.cache
+    def list_splits(cls) -> Sequence[Union[Split, str]]:
+        """The environment's splits: `Split` objects or bare names."""
+
+    @classmethod
+    async def num_tasks(cls, split: str) -> int:
+        """The number of tasks of a split (cached per class and split)."""
+        cache: dict[str, int] = cls.__dict__.get("_num_tasks_cache") or {}
+        if "_num_tasks_cache" not in cls.__dict__:
+            cls._num_tasks_cache = cache
+        if split not in cache:
+            cache[split] = len(await run_user_code(cls.list_tasks, split))
+        return cache[split]
+
+    @classmethod
+    async def get_task(cls, split: str, index: int) -> JSONObject:
+        """Task `index` of a split; by default lists the split and indexes it."""
+        tasks = await run_user_code(cls.list_tasks, split)
+        return tasks[index]
+
+    @classmethod
+    async def get_task_range(
+        cls, split: str, start: Optional[int] = None, stop: Optional[int] = None
+    ) -> list[JSONObject]:
+        """Tasks in [start, stop) of a split, with Python slice conventions."""
+        total = await cls.num_tasks(split)
+        start = 0 if start is None else start
+        stop = total if stop is None else stop
+        if start < 0:
+            start = max(total + start, 0)
+        if stop < 0:
+            stop = max(total + stop, 0)
+        start, stop = min(start, total), min(stop, total)
+        return [await cls.get_task(split, i) for i in range(start, stop)]
+
+    @staticmethod
+    def _is_tool(fn: Callable[..., Any]) -> bool:
+        """A tool is marked with @tool, returns ToolOutput and takes nothing
+        or one pydantic model."""
+        if not callable(fn) or not getattr(fn, "_env_tool", False):
+            return False
+        _, hints, params = _introspect_tool(fn)
+        if hints.get("return") != ToolOutput:
+            return False
+        if len(params) == 0:
+            return True
+        if len(params) == 1:
+            param_type = hints.get(params[0].name)
+            return inspect.isclass(param_type) and issubclass(param_type, BaseModel)
+        return False
+
+    @classmethod
+    @functools.cache
+    def list_tools(cls) -> ListToolsOutput:
+        """The shared tools of this class and its toolsets (cached per class)."""
+        out: list[ToolSpec] = []
+        env_tool_names: set[str] = set()
+        for name in dir(cls):
+            fn = getattr(cls, name)
+            if cls._is_tool(fn) and getattr(fn, "_env_tool_shared", True):
+                out.append(_tool_spec(name, fn))
+                env_tool_names.add(name)
+        for toolset_cls in cls.toolsets:
+            for name in dir(toolset_cls):
+                fn = getattr(toolset_cls, name)
+                if not cls._is_tool(fn) or not getattr(fn, "_env_tool_shared", True):
+                    continue
+                if name in env_tool_names:
+                    raise ValueError(
+                        f"Tool name collision: '{name}' is defined in both the environment "
+                        f"and toolset '{toolset_cls.__name__}'. Please rename one of them to avoid conflicts."
+                    )
+                out.append(_tool_spec(name, fn))
+        return ListToolsOutput(tools=out)
+
+    def list_task_tools(self) -> ListToolsOutput:
+        """Tools specific to this episode's task; none by default."""
+        return ListToolsOutput(tools=[])
+
+    def _toolset_instance(self, toolset_cls: type) -> Any | None:
+        if toolset_cls not in self._toolset_instances:
+            try:
+                self._toolset_instances[toolset_cls] = toolset_cls(self)
+            except TypeError:
+                try:
+                    self._toolset_instances[toolset_cls] = toolset_cls()
+                except Exception as exc:
+                    logger.error("toolset_instantiation_failed toolset=%s error=%s", toolset_cls.__name__, exc)
+                    return None
+        return self._toolset_instances[toolset_cls]
+
+    def _find_toolset_tool(self, name: str) -> tuple[Callable[..., Any] | None, str | None]:
+        for toolset_cls in self.__class__.toolsets:
+            instance = self._toolset_instance(toolset_cls)
+            candidate = getattr(instance, name, None) if instance is not None else None
+            if candidate is not None and self._is_tool(candidate):
+                return candidate, toolset_cls.__name__
+        return None, None
+
+    async def _call_tool(self, name: str, input: JSONObject) -> RunToolOutput:
+        """Run tool `name` on `input`; unknown names and invalid input are
+        tool-level errors, exceptions of the tool propagate."""
+        env_fn = getattr(self, name, None)
+        has_env_tool = env_fn is not None and self._is_tool(env_fn)
+        toolset_fn, toolset_source = self._find_toolset_tool(name)
+        if has_env_tool and toolset_fn is not None:
+            return RunToolOutput(RunToolError(
+                error=f"Tool name collision: '{name}' is defined in both the environment "
+                f"and toolset '{toolset_source}'. Please rename one of them to avoid conflicts."
+            ))
+        fn = env_fn if has_env_tool else toolset_fn
+        if fn is None:
+            return RunToolOutput(RunToolError(error=f"{name!r} is not a valid tool"))
+        _, hints, params = _introspect_tool(fn)
+        if params:
+            model: type[BaseModel] = hints[params[0].name]
+            try:
+                arg = model(**input)
+            except ValidationError as exc:
+                return RunToolOutput(RunToolError(error=f"Tool input validation error: {str(exc.errors())}"))
+            result = await run_user_code(fn, arg)
+        else:
+            result = await run_user_code(fn)
+        if not isinstance(result, ToolOutput):
+            raise TypeError(f"{name!r} returned {type(result).__name__}; expected ToolOutput")
+        return RunToolOutput(RunToolSuccess(output=result))
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.__name__

@@ -1,0 +1,1 @@
+"""Example environments bundled with ors-grpc."""

@@ -1,0 +1,187 @@
+"""The gRPC server: the ORS service plus health, reflection, auth, TLS, limits.
+
+`create_server` builds and starts a `grpc.aio` server hosting the given
+environments. Its `stop()` also ends every session (teardown included) once
+the server has stopped accepting work.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ._generated.ors.v1 import environment_service_pb2 as pb
+from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ._generated.ors.v1 import errors_pb2
+from .environment import Environment
+from .errors import ERROR_REASON_METADATA_KEY
+from .service import EnvironmentService
+from .sessions import SessionTable
+
+__all__ = ["API_KEY_METADATA_KEY", "ServerConfig", "create_server"]
+
+API_KEY_METADATA_KEY = "x-api-key"
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
+# Health checks answer without a key: grpc.health.v1, and our own Health RPC
+# (HTTP /health maps onto it, and the ORS spec exempts /health).
+_UNAUTHENTICATED_METHODS_PREFIXES = (
+    f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/",
+    f"/{SERVICE_NAME}/Health",
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server settings; the defaults follow the ORS spec."""
+
+    #: Seconds without activity after which a session is reaped.
+    session_timeout_s: float = 900.0
+    #: Seconds between reaper sweeps.
+    reaper_interval_s: float = 5.0
+    #: Seconds a finished tool call stays attachable by task id.
+    result_linger_s: float = 60.0
+    #: Largest message sent or received, in bytes.
+    max_message_bytes: int = 32 * 1024 * 1024
+    #: When set, every RPC but health checks needs metadata `x-api-key`.
+    api_key: str | None = None
+    #: When set, creating more episodes than this fails with TOO_MANY_SESSIONS.
+    max_sessions: int | None = None
+    #: When set, a tool call running longer fails ("tool call timed out").
+    tool_timeout_s: float | None = None
+    #: PEM certificate chain and private key files: serve TLS instead of plaintext.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls without the right `x-api-key` (constant-time comparison)."""
+
+    def __init__(self, api_key: str) -> None:
+        self._api_key = api_key.encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(_UNAUTHENTICATED_METHODS_PREFIXES):
+            return handler
+        if self._authorized(details.invocation_metadata or ()):
+            return handler
+        return _rejecting_handler(handler)
+
+    def _authorized(self, metadata: Sequence[tuple[str, Any]]) -> bool:
+        for key, value in metadata:
+            if key == API_KEY_METADATA_KEY:
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._api_key)
+        return False
+
+
+def _rejecting_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as `handler` that fails UNAUTHENTICATED."""
+
+    async def reject(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or invalid API key",
+            trailing_metadata=(
+                (ERROR_REASON_METADATA_KEY, errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNAUTHENTICATED)),
+            ),
+        )
+
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(reject, **serializers)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(reject, **serializers)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(reject, **serializers)
+    return grpc.stream_stream_rpc_method_handler(reject, **serializers)
+
+
+def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if not config.tls_cert and not config.tls_key:
+        return None
+    if not (config.tls_cert and config.tls_key):
+        raise ValueError("TLS needs both a certificate and a key file")
+    key = Path(config.tls_key).read_bytes()
+    cert = Path(config.tls_cert).read_bytes()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+async def create_server(
+    environments: Sequence[type[Environment]],
+    address: str = "127.0.0.1:0",
+    *,
+    config: ServerConfig = ServerConfig(),
+) -> tuple[grpc.aio.Server, int]:
+    """Build and start a server for `environments` (the first is the default).
+
+    Returns the started server and the port it listens on (useful with port
+    0). `await server.stop(grace)` stops accepting calls, then ends every
+    session.
+    """
+    sessions = SessionTable(
+        session_timeout_s=config.session_timeout_s,
+        reaper_interval_s=config.reaper_interval_s,
+        result_linger_s=config.result_linger_s,
+        max_sessions=config.max_sessions,
+        tool_timeout_s=config.tool_timeout_s,
+    )
+    service = EnvironmentService(environments, sessions)
+    interceptors = [_ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+        ],
+    )
+    pb_grpc.add_EnvironmentServiceServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    credentials = _server_credentials(config)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    sessions.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    _stop_also_ends_sessions(server, sessions, health_servicer)
+    return server, port
+
+
+def _stop_also_ends_sessions(
+    server: grpc.aio.Server, sessions: SessionTable, health_servicer: Any
+) -> None:
+    """Wrap `server.stop` so stopping also tears every session down.
+
+    The contract returns a plain grpc.aio.Server; wrapping its bound `stop`
+    keeps that type while making shutdown complete.
+    """
+    grpc_stop = server.stop
+
+    async def stop(grace: float | None) -> None:
+        await health_servicer.enter_graceful_shutdown()
+        await grpc_stop(grace)
+        await sessions.close()
+
+    server.stop = stop  # type: ignore[method-assign]

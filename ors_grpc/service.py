@@ -1,0 +1,291 @@
+"""The ORS gRPC servicer: every RPC of ors.v1.EnvironmentService.
+
+Handlers speak `ORSError`; the `_unary`/`_streaming` wrappers turn it into a
+status code, the message, and the `ors-error-reason` trailing metadata entry
+(see errors.py), and log one line per request.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+
+from . import __version__
+from . import _convert
+from ._generated.ors.v1 import environment_service_pb2 as pb
+from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ._generated.ors.v1 import errors_pb2
+from .environment import Environment, run_user_code
+from .errors import ERROR_REASON_METADATA_KEY, ORSError
+from .sessions import SessionTable
+from .types import ListToolsOutput, Split
+
+__all__ = ["EnvironmentService", "environment_map"]
+
+logger = logging.getLogger("ors_grpc.service")
+
+SESSION_ID_METADATA_KEY = "x-session-id"
+LISTING_UNSUPPORTED_MESSAGE = (
+    "list_tasks is not supported for this environment. "
+    "Use the index-based API (num_tasks + get_task) instead."
+)
+
+
+def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type[Environment]]:
+    """Environments by lower-cased class name, in registration order."""
+    env_map: dict[str, type[Environment]] = {}
+    for env_cls in environments:
+        if not (inspect.isclass(env_cls) and issubclass(env_cls, Environment)):
+            raise TypeError(f"{env_cls!r} is not an Environment subclass")
+        key = env_cls.name().lower()
+        if key in env_map:
+            raise ValueError(f"duplicate environment {key!r}")
+        if not env_cls.list_tools().tools:
+            raise ValueError(f"Environment '{key}' has no tools defined. Add at least one @tool method.")
+        env_map[key] = env_cls
+    if not env_map:
+        raise ValueError("at least one environment is required")
+    return env_map
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
+    metadata: list[tuple[str, str]] = [(ERROR_REASON_METADATA_KEY, error.reason_name)]
+    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
+        metadata.append(("retry-after", "1"))
+    await context.abort(error.code, error.message, trailing_metadata=tuple(metadata))
+
+
+def _log_unexpected(method: str, exc: Exception) -> str:
+    logger.warning("rpc_error method=%s error_type=%s", method, type(exc).__name__, exc_info=exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Run a unary handler, mapping ORSError (and bugs) to statuses."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.monotonic()
+        outcome = "OK"
+        try:
+            return await handler(self, request, context)
+        except ORSError as error:
+            outcome = error.reason_name
+            await _abort(context, error)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            outcome = "INTERNAL"
+            await context.abort(grpc.StatusCode.INTERNAL, _log_unexpected(handler.__name__, exc))
+        finally:
+            logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
+                         handler.__name__, outcome, (time.monotonic() - started) * 1000)
+
+    return wrapped
+
+
+def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """Run a server-streaming handler, mapping ORSError (and bugs) to statuses."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        started = time.monotonic()
+        outcome = "OK"
+        try:
+            async for message in handler(self, request, context):
+                yield message
+        except ORSError as error:
+            outcome = error.reason_name
+            await _abort(context, error)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            outcome = "INTERNAL"
+            await context.abort(grpc.StatusCode.INTERNAL, _log_unexpected(handler.__name__, exc))
+        finally:
+            logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
+                         handler.__name__, outcome, (time.monotonic() - started) * 1000)
+
+    return wrapped
+
+
+def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
+    """The request's session id, else the `x-session-id` metadata entry."""
+    sid = request.session_id
+    if not sid:
+        for key, value in context.invocation_metadata() or ():
+            if key == SESSION_ID_METADATA_KEY:
+                sid = value
+                break
+    sid = sid.strip()
+    if not sid:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is required")
+    return sid
+
+
+class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
+    """Serves ORS environments and owns their sessions."""
+
+    def __init__(self, environments: Sequence[type[Environment]], sessions: SessionTable) -> None:
+        self._envs = environment_map(environments)
+        self._sessions = sessions
+
+    # Discovery -------------------------------------------------------------
+
+    def _env_cls(self, env_name: str) -> type[Environment]:
+        env_cls = self._envs.get(env_name.lower())
+        if env_cls is None:
+            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT, f"unknown environment {env_name!r}")
+        return env_cls
+
+    async def _splits(self, env_cls: type[Environment]) -> list[Split | str]:
+        return list(await run_user_code(env_cls.list_splits))
+
+    async def _check_split(self, env_cls: type[Environment], split: str) -> None:
+        names = [_convert.split_to_proto(s).name for s in await self._splits(env_cls)]
+        if split not in names:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_SPLIT, "Invalid split")
+
+    async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
+        await self._check_split(env_cls, split)
+        try:
+            return await run_user_code(env_cls.get_task, split, index)
+        except IndexError:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index") from None
+
+    @_unary
+    async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
+        return pb.HealthResponse(status="ok", open_sessions=self._sessions.open_count)
+
+    @_unary
+    async def Version(self, request: pb.VersionRequest, context: Any) -> pb.VersionResponse:
+        return pb.VersionResponse(version=__version__)
+
+    @_unary
+    async def ListEnvironments(self, request: Any, context: Any) -> pb.ListEnvironmentsResponse:
+        return pb.ListEnvironmentsResponse(names=list(self._envs))
+
+    @_unary
+    async def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
+        env_cls = self._env_cls(request.env_name)
+        return pb.ListToolsResponse(tools=_convert.tool_specs_to_proto(env_cls.list_tools()))
+
+    @_unary
+    async def ListSplits(self, request: pb.ListSplitsRequest, context: Any) -> pb.ListSplitsResponse:
+        env_cls = self._env_cls(request.env_name)
+        return pb.ListSplitsResponse(splits=[_convert.split_to_proto(s) for s in await self._splits(env_cls)])
+
+    @_unary
+    async def ListTasks(self, request: pb.ListTasksRequest, context: Any) -> pb.ListTasksResponse:
+        env_cls = self._env_cls(request.env_name)
+        await self._check_split(env_cls, request.split)
+        try:
+            tasks = await run_user_code(env_cls.list_tasks, request.split)
+        except NotImplementedError:
+            raise ORSError(errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED, LISTING_UNSUPPORTED_MESSAGE) from None
+        return pb.ListTasksResponse(
+            tasks=[_convert.task_to_proto(task) for task in tasks], env_name=request.env_name
+        )
+
+    @_unary
+    async def NumTasks(self, request: pb.NumTasksRequest, context: Any) -> pb.NumTasksResponse:
+        env_cls = self._env_cls(request.env_name)
+        await self._check_split(env_cls, request.split)
+        return pb.NumTasksResponse(num_tasks=await run_user_code(env_cls.num_tasks, request.split))
+
+    @_unary
+    async def GetTask(self, request: pb.GetTaskRequest, context: Any) -> pb.GetTaskResponse:
+        env_cls = self._env_cls(request.env_name)
+        task = await self._get_task(env_cls, request.split, request.index)
+        return pb.GetTaskResponse(task=_convert.task_to_proto(task))
+
+    @_unary
+    async def GetTaskRange(self, request: pb.GetTaskRangeRequest, context: Any) -> pb.GetTaskRangeResponse:
+        env_cls = self._env_cls(request.env_name)
+        await self._check_split(env_cls, request.split)
+        start = request.start if request.HasField("start") else None
+        stop = request.stop if request.HasField("stop") else None
+        try:
+            tasks = await run_user_code(env_cls.get_task_range, request.split, start, stop)
+        except IndexError:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index range") from None
+        return pb.GetTaskRangeResponse(tasks=[_convert.task_to_proto(task) for task in tasks])
+
+    # Sessions and episodes ---------------------------------------------------
+
+    @_unary
+    async def CreateSessionId(self, request: Any, context: Any) -> pb.CreateSessionIdResponse:
+        return pb.CreateSessionIdResponse(session_id=str(uuid.uuid4()))
+
+    @_unary
+    async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
+        sid = _session_id(request, context)
+        self._sessions.check_can_create(sid)
+        env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
+        source = request.WhichOneof("task_source")
+        if source == "task_spec":
+            task_spec = _convert.load_json_object(request.task_spec, "task_spec")
+        elif source == "task_index":
+            task_spec = await self._get_task(env_cls, request.task_index.split, request.task_index.index)
+        else:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           "Provide either task_spec or both split and index, not both/neither")
+        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets))
+        return pb.CreateEpisodeResponse(session_id=sid)
+
+    @_unary
+    async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
+        _, env = await self._sessions.ready(_session_id(request, context))
+        blocks = await run_user_code(env.get_prompt)
+        return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
+
+    @_unary
+    async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
+        _, env = await self._sessions.ready(_session_id(request, context))
+        task_tools: ListToolsOutput = await run_user_code(env.list_task_tools)
+        tools = ListToolsOutput(tools=env.list_tools().tools + task_tools.tools)
+        return pb.ListTaskToolsResponse(tools=_convert.tool_specs_to_proto(tools))
+
+    @_streaming
+    async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
+        session, env = await self._sessions.ready(_session_id(request, context))
+        if request.call.task_id:
+            call = session.calls.attach(request.call.task_id)
+        else:
+            tool_input = (
+                _convert.load_json_object(request.call.input, "call.input")
+                if request.call.HasField("input") else {}
+            )
+            call = session.calls.start(env, request.call.name, tool_input)
+        yield pb.CallToolResponse(task_id=call.task_id)
+        outcome = await call.outcome()
+        session.touch()
+        if outcome.result is not None:
+            yield pb.CallToolResponse(result=_convert.run_tool_output_to_proto(outcome.result))
+        else:
+            yield pb.CallToolResponse(failure=pb.ToolFailure(message=outcome.failure or ""))
+
+    @_unary
+    async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
+        self._sessions.get(_session_id(request, context))
+        return pb.PingResponse(status="ok")
+
+    @_unary
+    async def DeleteEpisode(self, request: pb.DeleteEpisodeRequest, context: Any) -> pb.DeleteEpisodeResponse:
+        sid = _session_id(request, context)
+        await self._sessions.delete(sid)
+        return pb.DeleteEpisodeResponse(session_id=sid)
+
+    @_unary
+    async def DeleteSessionId(
+        self, request: pb.DeleteSessionIdRequest, context: Any
+    ) -> pb.DeleteSessionIdResponse:
+        sid = _session_id(request, context)
+        await self._sessions.delete(sid)
+        return pb.DeleteSessionIdResponse(session_id=sid)

@@ -1,0 +1,191 @@
+"""The session table: episodes by session id, their background setup, the reaper.
+
+Creating an episode answers at once; the environment is constructed and set
+up in a background task, and session-scoped calls wait for it (`ready`).
+Sessions idle for `session_timeout_s` are reaped (teardown included) unless a
+tool call is in flight. Deleting cancels a running setup, releases the tool
+calls and runs `teardown()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any, Iterable
+
+from ._generated.ors.v1 import errors_pb2
+from .environment import Environment, run_user_code
+from .errors import ORSError
+from .tool_calls import SessionToolCalls
+
+__all__ = ["Session", "SessionTable", "redactor"]
+
+logger = logging.getLogger("ors_grpc.sessions")
+
+
+def redactor(secret_values: Iterable[str]):
+    """A function that masks the given secret values in a text (for logs)."""
+    values = sorted((v for v in secret_values if v), key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for value in values:
+            text = text.replace(value, "***")
+        return text
+
+    return redact
+
+
+class Session:
+    """One episode: its environment (once set up) and its tool calls."""
+
+    def __init__(self, sid: str, env_cls: type[Environment], *, calls: SessionToolCalls, redact: Any) -> None:
+        self.sid = sid
+        self.env_cls = env_cls
+        self.env: Environment | None = None
+        self.calls = calls
+        self.redact = redact
+        self.ready = asyncio.Event()
+        self.error: ORSError | None = None
+        self.deleted = False
+        self.setup_task: asyncio.Task[None] | None = None
+        self.last_active = time.monotonic()
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        return now - max(self.last_active, self.calls.last_completed)
+
+
+class SessionTable:
+    """Every session of the server, owned by the service."""
+
+    def __init__(
+        self,
+        *,
+        session_timeout_s: float,
+        reaper_interval_s: float,
+        result_linger_s: float,
+        max_sessions: int | None = None,
+        tool_timeout_s: float | None = None,
+    ) -> None:
+        self._timeout_s = session_timeout_s
+        self._reaper_interval_s = reaper_interval_s
+        self._linger_s = result_linger_s
+        self._max_sessions = max_sessions
+        self._tool_timeout_s = tool_timeout_s
+        self._sessions: dict[str, Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    @property
+    def open_count(self) -> int:
+        return len(self._sessions)
+
+    def start(self) -> None:
+        """Start the reaper (needs a running loop)."""
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(), name="ors-reaper")
+
+    def create(
+        self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str]
+    ) -> Session:
+        """Register an episode and start its construction and setup."""
+        self.check_can_create(sid)
+        redact = redactor(secrets.values())
+        calls = SessionToolCalls(linger_s=self._linger_s, timeout_s=self._tool_timeout_s, redact=redact)
+        session = Session(sid, env_cls, calls=calls, redact=redact)
+        self._sessions[sid] = session
+        session.setup_task = asyncio.get_running_loop().create_task(
+            self._set_up(session, task_spec, secrets), name=f"ors-setup-{sid}"
+        )
+        logger.info("session_created env=%s", env_cls.name().lower())
+        return session
+
+    def check_can_create(self, sid: str) -> None:
+        if sid in self._sessions:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
+        if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
+            raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def get(self, sid: str) -> Session:
+        """The session of `sid`, marked active."""
+        session = self._sessions.get(sid)
+        if session is None:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND, "Active environment not found")
+        session.touch()
+        return session
+
+    async def ready(self, sid: str) -> tuple[Session, Environment]:
+        """The session and its environment, once set up."""
+        session = self.get(sid)
+        await session.ready.wait()
+        if session.deleted:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
+        if session.error is not None:
+            raise session.error
+        assert session.env is not None
+        return session, session.env
+
+    async def delete(self, sid: str) -> None:
+        """End the episode of `sid`, if any. Idempotent."""
+        session = self._sessions.pop(sid, None)
+        if session is None:
+            return
+        session.deleted = True
+        session.ready.set()  # wake waiters: they answer "Session deleted"
+        if session.setup_task is not None and not session.setup_task.done():
+            session.setup_task.cancel()
+            await asyncio.wait({session.setup_task})
+        await session.calls.release()
+        if session.env is not None:
+            await self._tear_down(session)
+        logger.info("session_deleted")
+
+    async def close(self) -> None:
+        """Stop the reaper and end every session."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.wait({self._reaper})
+            self._reaper = None
+        await asyncio.gather(*(self.delete(sid) for sid in list(self._sessions)))
+
+    async def _set_up(self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str]) -> None:
+        started = time.monotonic()
+        try:
+            env = await run_user_code(functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets))
+            await run_user_code(env.setup)
+        except Exception as exc:
+            message = str(exc) or type(exc).__name__
+            session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, message)
+            logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, session.redact(message))
+        else:
+            session.env = env
+            logger.debug("setup_completed duration_ms=%.1f", (time.monotonic() - started) * 1000)
+        finally:
+            session.ready.set()
+
+    async def _tear_down(self, session: Session) -> None:
+        assert session.env is not None
+        try:
+            await run_user_code(session.env.teardown)
+        except Exception as exc:
+            logger.warning("teardown_failed error_type=%s error=%s",
+                           type(exc).__name__, session.redact(str(exc)))
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._reaper_interval_s)
+            await self.reap()
+
+    async def reap(self) -> None:
+        """Delete sessions idle longer than the timeout, unless a call is in flight."""
+        now = time.monotonic()
+        expired = [
+            sid for sid, session in self._sessions.items()
+            if session.idle_for(now) > self._timeout_s and not session.calls.in_flight
+        ]
+        for sid in expired:
+            logger.info("session_expired")
+            await self.delete(sid)

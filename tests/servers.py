@@ -1,0 +1,91 @@
+"""Test helper: run `ors-grpc serve` as a subprocess on free loopback ports.
+
+    with start_serve("tests.environments:EchoEnv", "--http-port", "0") as serve:
+        serve.grpc_target   # "127.0.0.1:PORT"
+        serve.http_url      # "http://127.0.0.1:PORT" (with --http-port)
+
+`--port 0` is always passed; add `--http-port 0` to get the HTTP door too.
+On exit the process gets SIGTERM, then SIGKILL if it lingers.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTENING = re.compile(r"^(gRPC|HTTP) listening on (\S+):(\d+)$")
+STARTUP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+class ServeProcess:
+    """A running `ors-grpc serve` subprocess and its addresses."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.grpc_target: str | None = None
+        self.http_url: str | None = None
+        #: stdout lines after the listening lines (read in the background).
+        self.lines: "queue.Queue[str | None]" = queue.Queue()
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL after a while; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _pump(stream, lines: "queue.Queue[str | None]") -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+@contextmanager
+def start_serve(*args: str, env: Mapping[str, str] | None = None) -> Iterator[ServeProcess]:
+    """Start `python -m ors_grpc.cli serve --port 0 *args` and wait until it listens."""
+    wants_http = "--http-port" in args
+    process_env = {**os.environ, **(env or {})}
+    process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args],
+        cwd=ROOT, env=process_env, stdout=subprocess.PIPE, text=True, bufsize=1,
+    )
+    serve = ServeProcess(proc)
+    threading.Thread(target=_pump, args=(proc.stdout, serve.lines), daemon=True).start()
+    try:
+        _wait_listening(serve, wants_http)
+        yield serve
+    finally:
+        serve.stop()
+
+
+def _wait_listening(serve: ServeProcess, wants_http: bool) -> None:
+    while serve.grpc_target is None or (wants_http and serve.http_url is None):
+        try:
+            line = serve.lines.get(timeout=STARTUP_TIMEOUT_S)
+        except queue.Empty:
+            raise RuntimeError("ors-grpc serve did not start listening in time") from None
+        if line is None:
+            raise RuntimeError(f"ors-grpc serve exited with status {serve.proc.wait()}")
+        match = LISTENING.match(line)
+        if match is None:
+            continue
+        door, host, port = match.groups()
+        if door == "gRPC":
+            serve.grpc_target = f"{host}:{port}"
+        else:
+            serve.http_url = f"http://{host}:{port}"
