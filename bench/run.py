@@ -1,0 +1,243 @@
+"""The benchmark's command: serve ``bench.env:BenchEnv`` three ways, load each the same way, print the figures.
+
+Doors: ``reference`` (ors-sdk's FastAPI server under uvicorn), ``bridge`` (our
+HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service,
+straight through gRPC). Each door gets a fresh server process and a separate
+load-generator process (``bench.load``); the two HTTP doors are driven by the
+same aiohttp code.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from bench.servers import REPO_ROOT, ServerProcess, ours_server, reference_server
+
+DOORS = ("reference", "bridge", "grpc")
+MIB = 1024 * 1024
+
+
+@dataclass
+class DoorResult:
+    """Everything measured on one door; ``skipped`` says why nothing was."""
+
+    door: str
+    load: dict | None = None
+    image: dict | None = None
+    skipped: str | None = None
+
+
+@dataclass
+class MemoryResult:
+    label: str
+    rss: dict[int, int] = field(default_factory=dict)  # open sessions -> bytes
+    open_seconds: float = 0.0
+    skipped: str | None = None
+
+
+def run_load(door_kind: str, target: str, mode: str, timeout: float, **options) -> dict:
+    """Run one ``bench.load`` process and return its JSON result."""
+    argv = [sys.executable, "-m", "bench.load", "--door", door_kind, "--target", target, "--mode", mode]
+    for name, value in options.items():
+        argv += [f"--{name}", str(value)]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed: {done.stderr.strip()[-1500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[str]]:
+    """A not yet started server for ``door`` and the ports it must print."""
+    if door == "reference":
+        return reference_server(quiet=args.quiet_reference), {"HTTP"}
+    if door == "bridge":
+        return ours_server(http=True), {"gRPC", "HTTP"}
+    return ours_server(http=False), {"gRPC"}
+
+
+def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
+    """(load-generator door kind, target address) of a started server."""
+    if door == "grpc":
+        return "grpc", f"127.0.0.1:{server.ports['gRPC']}"
+    return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
+
+
+def measure_door(door: str, args: argparse.Namespace) -> DoorResult:
+    """Closed-loop episodes, then the large image, on one fresh server."""
+    result = DoorResult(door)
+    server, ports = server_for(door, args)
+    server.extra_env["ORS_BENCH_IMAGE_BYTES"] = str(int(args.image_mib * MIB))
+    try:
+        server.start(ports)
+    except (RuntimeError, OSError) as exc:
+        result.skipped = str(exc).splitlines()[0][:200]
+        return result
+    with server:
+        kind, target = target_of(door, server)
+        timeout = args.warmup + args.duration + 120
+        result.load = run_load(kind, target, "episodes", timeout, workers=args.workers,
+                               warmup=args.warmup, duration=args.duration)
+        if args.image_calls:
+            result.image = run_load(kind, target, "image", 300, count=args.image_calls)
+    return result
+
+
+def measure_memory(label: str, door: str, args: argparse.Namespace) -> MemoryResult:
+    """Resident memory of a fresh, warmed-up server before and after opening idle sessions."""
+    result = MemoryResult(label)
+    server, ports = server_for(door, args)
+    try:
+        server.start(ports)
+    except (RuntimeError, OSError) as exc:
+        result.skipped = str(exc).splitlines()[0][:200]
+        return result
+    with server:
+        kind, target = target_of(door, server)
+        # Warm up every code path an idle session touches, then let go of it.
+        run_load(kind, target, "episodes", 60, workers=4, warmup=0, duration=0.5)
+        time.sleep(0.5)
+        result.rss[0] = server.rss_bytes()
+        opened = 0
+        for count in args.sessions:
+            step = run_load(kind, target, "sessions", 1800, workers=args.workers, count=count - opened)
+            if step["errors"]:
+                raise RuntimeError(f"{label}: opening sessions failed: {step['first_error']}")
+            opened = count
+            result.open_seconds += step["seconds"]
+            time.sleep(0.5)
+            result.rss[count] = server.rss_bytes()
+    return result
+
+
+# --- report -----------------------------------------------------------------
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+def ratio(ours: float, reference: float) -> str:
+    return f"{ours / reference:.2f}x" if reference else "n/a"
+
+
+def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:
+    print(f"\n## Closed loop: {args.workers} workers, {args.duration:g} s (after {args.warmup:g} s warm-up)")
+    print(f"{'door':<10} {'episodes/s':>10} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+          f" {'eps vs ref':>10} {'p99 vs ref':>10}")
+    ref = results.get("reference")
+    ref_load = ref.load if ref else None
+    for door, res in results.items():
+        if res.skipped:
+            print(f"{door:<10} skipped: {res.skipped}")
+            continue
+        load = res.load
+        eps = load["episodes"] / load["seconds"]
+        calls = load["tool_calls"]["count"] / load["seconds"]
+        eps_ratio = p99_ratio = ""
+        if ref_load and door != "reference":
+            eps_ratio = ratio(eps, ref_load["episodes"] / ref_load["seconds"])
+            p99_ratio = ratio(load["tool_calls"]["p99"], ref_load["tool_calls"]["p99"])
+        print(f"{door:<10} {eps:>10.1f} {calls:>9.1f} {fmt_ms(load['tool_calls']['p50']):>8}"
+              f" {fmt_ms(load['tool_calls']['p99']):>8} {load['errors']:>6} {eps_ratio:>10} {p99_ratio:>10}")
+        if load["first_error"]:
+            print(f"{'':<10} first error: {load['first_error']}")
+
+
+def print_image_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:
+    print(f"\n## {args.image_mib:g} MiB image block from a tool: {args.image_calls} calls in a row")
+    print(f"{'door':<10} {'mean ms':>9} {'p50 ms':>9} {'max ms':>9} {'vs ref':>8}")
+    ref = results.get("reference")
+    for door, res in results.items():
+        if res.skipped or not res.image:
+            continue
+        lat = res.image["latency"]
+        versus = ratio(lat["mean"], ref.image["latency"]["mean"]) if ref and ref.image and door != "reference" else ""
+        print(f"{door:<10} {fmt_ms(lat['mean']):>9} {fmt_ms(lat['p50']):>9} {fmt_ms(lat['p99']):>9} {versus:>8}")
+
+
+def print_memory_table(results: list[MemoryResult]) -> None:
+    print("\n## Resident memory (VmRSS) of the server with idle open sessions")
+    counts = sorted({count for res in results for count in res.rss if count})
+    head = f"{'server':<22} {'base MiB':>8}" + "".join(f" {f'{c} MiB':>10} {'KiB/sess':>9}" for c in counts)
+    print(head + f" {'open s':>7}")
+    ref = results[0] if results and results[0].rss else None
+    for res in results:
+        if res.skipped:
+            print(f"{res.label:<22} skipped: {res.skipped}")
+            continue
+        base = res.rss[0]
+        row = f"{res.label:<22} {base / MIB:>8.1f}"
+        for count in counts:
+            row += f" {res.rss[count] / MIB:>10.1f} {(res.rss[count] - base) / count / 1024:>9.2f}"
+        print(row + f" {res.open_seconds:>7.1f}")
+    if ref:
+        top = counts[-1]
+        for res in results[1:]:
+            if res.skipped:
+                continue
+            per = (res.rss[top] - res.rss[0]) / max(1, ref.rss[top] - ref.rss[0])
+            print(f"{res.label} vs reference at {top} sessions: whole server {ratio(res.rss[top], ref.rss[top])},"
+                  f" per session {per:.2f}x")
+
+
+def print_header(args: argparse.Namespace) -> None:
+    import uvicorn
+    print("# ors-grpc benchmark")
+    print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()};"
+          f" uvicorn {uvicorn.__version__} (loop/http: {uvicorn_impls()})")
+    print("note: the load generator runs on the same cores as the server and competes with it for CPU.")
+    if args.quiet_reference:
+        print("reference runs with ORS_LOG_LEVEL=WARNING (its default is INFO, one log line per request)")
+
+
+def uvicorn_impls() -> str:
+    import importlib.util
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"{loop}/{http}"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--doors", default=",".join(DOORS),
+                        help="comma-separated subset of: " + ", ".join(DOORS))
+    parser.add_argument("--workers", type=int, default=32, help="concurrent closed-loop workers (32)")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per door (10)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="uncounted seconds before (2)")
+    parser.add_argument("--image-mib", type=float, default=8.0, help="image block size in MiB (8)")
+    parser.add_argument("--image-calls", type=int, default=5, help="image calls per door, 0 to skip (5)")
+    parser.add_argument("--sessions", default="1000,10000",
+                        help="idle session counts for the memory figures, empty to skip (1000,10000)")
+    parser.add_argument("--quiet-reference", action="store_true",
+                        help="run the reference with ORS_LOG_LEVEL=WARNING instead of its INFO default")
+    parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
+    args = parser.parse_args(argv)
+    args.doors = [d for d in args.doors.split(",") if d]
+    unknown = set(args.doors) - set(DOORS)
+    if unknown:
+        parser.error(f"unknown doors: {', '.join(sorted(unknown))}")
+    args.sessions = sorted(int(c) for c in args.sessions.split(",") if c)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    print_header(args)
+    results = {door: measure_door(door, args) for door in args.doors}
+    print_load_table(results, args)
+    if args.image_calls:
+        print_image_table(results, args)
+    memory: list[MemoryResult] = []
+    if args.sessions:
+        plans = [("reference", "reference"), ("ours (bridge+service)", "bridge"), ("ours (gRPC only)", "grpc")]
+        memory = [measure_memory(label, door, args) for label, door in plans if door in args.doors]
+        print_memory_table(memory)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"doors": {d: vars(r) for d, r in results.items()},
+                       "memory": [vars(m) for m in memory]}, out, indent=2)
+    return 0

@@ -1,0 +1,98 @@
+"""Start and stop the servers under test, each in its own process, and read their memory."""
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_LISTENING = re.compile(r"(gRPC|HTTP) listening on 127\.0\.0\.1:(\d+)")
+
+
+class ServerProcess:
+    """A server subprocess whose stdout and stderr go to a temporary log file.
+
+    A file (not a pipe) so that a chatty server never blocks on a full pipe and
+    the benchmark needs no thread to drain it.
+    """
+
+    def __init__(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None):
+        self.name = name
+        self.argv = argv
+        self.extra_env = extra_env or {}
+        self.ports: dict[str, int] = {}
+        self.proc: subprocess.Popen | None = None
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
+
+    def start(self, want: set[str], timeout: float = 30.0) -> "ServerProcess":
+        """Start the process and wait until it has printed a port for every door in ``want``."""
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            self.argv, cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while not want <= self.ports.keys():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start: {self.tail()}")
+            time.sleep(0.05)
+            for door, port in _LISTENING.findall(self.output()):
+                self.ports[door] = int(port)
+        return self
+
+    def output(self) -> str:
+        return pathlib.Path(self.log.name).read_text(errors="replace")
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def rss_bytes(self) -> int:
+        """VmRSS of the server process, from /proc/PID/status."""
+        assert self.proc is not None
+        status = pathlib.Path(f"/proc/{self.proc.pid}/status").read_text()
+        kib = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+        assert kib, status
+        return int(kib.group(1)) * 1024
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; removes the log file."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        pathlib.Path(self.log.name).unlink(missing_ok=True)
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def reference_server(quiet: bool = False) -> ServerProcess:
+    """The reference ors-sdk server; ``quiet`` raises its log level to WARNING."""
+    extra = {"ORS_LOG_LEVEL": "WARNING"} if quiet else {}
+    return ServerProcess("reference", [sys.executable, "-m", "bench.ref_server"], extra)
+
+
+def ours_server(http: bool) -> ServerProcess:
+    """``ors-grpc serve bench.env:BenchEnv`` with or without the HTTP bridge."""
+    args = ["serve", "bench.env:BenchEnv", "--port", "0"]
+    if http:
+        args += ["--http-port", "0"]
+    script = shutil.which("ors-grpc", path=str(pathlib.Path(sys.executable).parent))
+    if script:
+        argv = [sys.executable, script, *args]
+    else:
+        argv = [sys.executable, "-c", "import sys; from ors_grpc.cli import main; sys.exit(main())", *args]
+    return ServerProcess("ours-http" if http else "ours-grpc", argv)
