@@ -1,0 +1,28 @@
+"""A very short run of the benchmark (``python -m bench``) so that it does not rot.
+
+No timing assertions: this only checks that every door starts, carries whole
+episodes, the large image and idle sessions without errors, and that the
+report is printed.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_runs_every_door_briefly():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+         "--image-mib", "0.0625", "--image-calls", "1", "--sessions", "10"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = done.stdout
+    assert "skipped" not in report, report
+    assert "first error" not in report, report
+    for door in ("reference", "bridge", "grpc"):
+        assert any(line.startswith(door) for line in report.splitlines()), (door, report)
+    for heading in ("## Closed loop", "MiB image block", "## Resident memory"):
+        assert heading in report, report
