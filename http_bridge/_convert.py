@@ -127,7 +127,7 @@ def parse_body(raw: bytes, model: type[Body]) -> Any:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"Request body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise BadRequest("Request body is nested too deeply") from None
+        raise BadRequest("Request body is not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise BadRequest(f"Request body must be a JSON object, not {_json_type(value)}")
     try:
