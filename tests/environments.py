@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 
 from pydantic import BaseModel
 
@@ -23,6 +24,11 @@ TEST_TASKS = [
     {"id": 3, "question": "Say yes", "answer": "yes"},
     {"id": 4, "question": "Say no", "answer": "no"},
 ]
+
+
+def image_bytes(size: int) -> bytes:
+    """The `size` raw bytes the `image` tool returns: 0, 1, ..., 255, 0, 1, ..."""
+    return (bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 class EchoInput(BaseModel):
@@ -114,7 +120,7 @@ class EchoEnv(Environment):
     @tool
     def image(self, params: ImageInput) -> ToolOutput:
         """One PNG-typed image block of `size` raw bytes."""
-        raw = bytes(i % 256 for i in range(params.size))
+        raw = image_bytes(params.size)
         return ToolOutput(blocks=[ImageBlock(
             data=base64.b64encode(raw).decode("ascii"), mimeType="image/png", detail={"size": params.size}
         )])
@@ -150,3 +156,14 @@ class FailingSetupEnv(EchoEnv):
 
     def setup(self) -> None:
         raise RuntimeError("setup exploded")
+
+
+class TeardownRecordingEnv(EchoEnv):
+    """EchoEnv whose teardown appends a line to the file named by the
+    environment variable ORS_TEST_TEARDOWN_FILE (to observe another process)."""
+
+    def teardown(self) -> None:
+        path = os.environ.get("ORS_TEST_TEARDOWN_FILE")
+        if path:
+            with open(path, "a", encoding="utf-8") as record:
+                record.write(f"teardown {self.task_spec.get('id')}\n")
