@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Optional
 
 import grpc
@@ -69,6 +70,15 @@ class Connection:
     def call_tool_stream(self, request: Any, session_id: str) -> grpc.aio.UnaryStreamCall:
         """The raw CallTool stream: its AioRpcError is the caller's to classify (break or failure)."""
         return self.stub.CallTool(request, metadata=self.metadata(session_id))
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Waits up to `timeout` for the channel to (re)connect; a reattach after
+        a lost connection would otherwise fail fast while the channel backs off."""
+        self.stub  # opens the channel if needed
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            pass  # the next call fails with UNAVAILABLE and is counted as an attempt
 
     async def close(self) -> None:
         if self._channel is not None:

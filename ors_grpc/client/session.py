@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 import grpc
@@ -25,6 +26,8 @@ DEFAULT_PING_INTERVAL_S = 10.0
 DEFAULT_REATTACH_ATTEMPTS = 5
 _REATTACH_BASE_DELAY_S = 0.1
 _REATTACH_MAX_DELAY_S = 2.0
+#: How long each reattach waits for a lost connection to come back.
+_RECONNECT_TIMEOUT_S = 10.0
 #: Bounds each cleanup RPC, so exiting a session never hangs on a dead server.
 _CLEANUP_TIMEOUT_S = 10.0
 
@@ -101,32 +104,37 @@ class AsyncSession:
         ORSServerError when the RPC failed. A stream that breaks after the
         call's task id arrived is reattached (never re-run) with backoff.
         """
-        tool_input = _checked_input(input)
+        call = _PendingCall(name, _checked_input(input))
         session_id = self._live_id()
-        task_id: Optional[str] = None
         for attempt in range(self._reattach_attempts + 1):
-            request = pb.CallToolRequest(session_id=session_id, call=_convert.tool_call(name, tool_input, task_id))
-            stream = self._connection.call_tool_stream(request, session_id)
             try:
-                async for event in stream:
-                    kind = event.WhichOneof("event")
-                    if kind == "task_id":
-                        task_id = event.task_id
-                    elif kind == "result":
-                        return _tool_result(name, event.result)
-                    elif kind == "failure":
-                        raise ToolFailedError(name, event.failure.message)
-                raise ORSServerError(grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "CallTool stream ended without a result")
+                return await self._stream_call(call, session_id)
             except grpc.aio.AioRpcError as error:
                 # Before the task id arrived we cannot know whether the tool
                 # started, and running it twice is worse than failing.
-                if task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
+                if call.task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
                     raise ORSServerError.from_rpc_error(error) from None
-                logger.info("call %s broke (%s); reattaching by task id", name, error.code().name)
+                logger.info("call of %s broke (%s); reattaching by task id", name, error.code().name)
                 await asyncio.sleep(min(_REATTACH_BASE_DELAY_S * 2**attempt, _REATTACH_MAX_DELAY_S))
-            finally:
-                stream.cancel()  # a no-op once the stream has ended
+                await self._connection.wait_ready(_RECONNECT_TIMEOUT_S)
         raise AssertionError("unreachable")
+
+    async def _stream_call(self, call: "_PendingCall", session_id: str) -> ToolOutput:
+        """One CallTool stream: a new call, or a reattach once `call.task_id` is known."""
+        request = pb.CallToolRequest(session_id=session_id, call=_convert.tool_call(call.name, call.input, call.task_id))
+        stream = self._connection.call_tool_stream(request, session_id)
+        try:
+            async for event in stream:
+                kind = event.WhichOneof("event")
+                if kind == "task_id":
+                    call.task_id = event.task_id
+                elif kind == "result":
+                    return _tool_result(call.name, event.result)
+                elif kind == "failure":
+                    raise ToolFailedError(call.name, event.failure.message)
+        finally:
+            stream.cancel()  # a no-op once the stream has ended
+        raise ORSServerError(grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "CallTool stream ended without a result")
 
     async def ping(self) -> None:
         await self._unary("Ping", pb.PingRequest(session_id=self._live_id()))
@@ -164,6 +172,15 @@ class AsyncSession:
                 await self._connection.unary(method, request, session_id=session_id, timeout=_CLEANUP_TIMEOUT_S)
             except ORSServerError as error:
                 logger.warning("%s of session %s failed: %s", method, session_id, error)
+
+
+@dataclass
+class _PendingCall:
+    """A tool call being made; `task_id` is set once the server sent it."""
+
+    name: str
+    input: dict[str, Any]
+    task_id: Optional[str] = None
 
 
 def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,239 @@
+"""The Python client reattaches by task id when a CallTool stream breaks, and keeps sessions alive.
+
+A small grpc.aio proxy sits on loopback between the client and an in-process
+server. It forwards every RPC byte for byte and, when told to, breaks a
+CallTool stream right after forwarding its first event (the task id) while
+the tool is still running: the client sees the status a server-side break
+produces. The environment counts its tool runs, so the test can show that the
+tool ran exactly once and that the client got that run's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import AsyncIterator, ClassVar, Optional
+
+import grpc
+import pytest
+from pydantic import BaseModel
+
+from ors_grpc import TextBlock, ToolOutput, tool
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc.client import AsyncORSClient, ORSServerError
+from ors_grpc.server import ServerConfig, create_server
+from tests.environments import EchoEnv
+
+pytestmark = pytest.mark.timeout(60)
+
+CALL_TOOL = "/ors.v1.EnvironmentService/CallTool"
+TOOL_SECONDS = 1.0
+
+
+class CountInput(BaseModel):
+    seconds: float
+
+
+class CountingEnv(EchoEnv):
+    """EchoEnv plus a slow tool that counts its runs and finishes."""
+
+    runs: ClassVar[list[int]] = []
+    finished: ClassVar[list[int]] = []
+
+    @tool
+    async def slow_count(self, params: CountInput) -> ToolOutput:
+        """Sleep, then answer which run this was."""
+        run = len(CountingEnv.runs) + 1
+        CountingEnv.runs.append(run)
+        await asyncio.sleep(params.seconds)
+        CountingEnv.finished.append(run)
+        return ToolOutput(blocks=[TextBlock(text=f"run {run}")])
+
+
+@dataclass
+class Cut:
+    """Break CallTool streams with `code` after their first event (or before
+    forwarding anything), or drop the client's connection by restarting the
+    proxy's listener on the same port."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
+    before_first_event: bool = False
+    drop_connection: bool = False
+    times: int = 1
+
+
+@dataclass
+class BreakingProxy:
+    """A byte-forwarding gRPC proxy that can break CallTool streams; records what it saw."""
+
+    upstream: grpc.aio.Channel
+    cut: Optional[Cut] = None
+    call_requests: list[pb.CallToolRequest] = field(default_factory=list)
+    #: len(CountingEnv.finished) at each cut: 0 proves the tool was still running.
+    finished_at_cut: list[int] = field(default_factory=list)
+    port: int = 0
+    _front: Optional[grpc.aio.Server] = None
+    _restarts: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._front = grpc.aio.server()
+        self._front.add_generic_rpc_handlers([self.handler()])
+        self.port = self._front.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self._front.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._restarts)
+        await self._front.stop(None)
+
+    async def _restart(self) -> None:
+        """Closes every client connection (in-flight calls die), then listens again on the same port."""
+        await self._front.stop(None)
+        await self.start()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        proxy = self
+
+        class Handler(grpc.GenericRpcHandler):
+            def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+                if details.method == CALL_TOOL:
+                    return grpc.unary_stream_rpc_method_handler(proxy._forward_call_tool)
+                return grpc.unary_unary_rpc_method_handler(proxy._forward_unary(details.method))
+
+        return Handler()
+
+    def _forward_unary(self, method: str):
+        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await self.upstream.unary_unary(method)(request, metadata=_metadata(context))
+            except grpc.aio.AioRpcError as error:
+                await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+
+        return forward
+
+    async def _forward_call_tool(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        self.call_requests.append(pb.CallToolRequest.FromString(request))
+        cut = self._take_cut()
+        if cut is not None and cut.before_first_event:
+            await context.abort(cut.code, "proxy broke the stream")
+        stream = self.upstream.unary_stream(CALL_TOOL)(request, metadata=_metadata(context))
+        try:
+            async for event in stream:
+                yield event
+                if cut is not None:
+                    self.finished_at_cut.append(len(CountingEnv.finished))
+                    if cut.drop_connection:
+                        self._restarts.append(asyncio.create_task(self._restart()))
+                        await asyncio.Event().wait()  # until the restart cancels this handler
+                    await context.abort(cut.code, "proxy broke the stream")
+        except grpc.aio.AioRpcError as error:
+            await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+        finally:
+            stream.cancel()
+
+    def _take_cut(self) -> Optional[Cut]:
+        if self.cut is None or self.cut.times == 0:
+            return None
+        self.cut.times -= 1
+        return self.cut
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
+    """The caller's ORS metadata (x-session-id, x-api-key), without transport headers."""
+    return tuple((m.key, m.value) for m in context.invocation_metadata() if m.key.startswith("x-"))
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[tuple[BreakingProxy, str]]:
+    CountingEnv.runs.clear()
+    CountingEnv.finished.clear()
+    server, port = await create_server([CountingEnv], "127.0.0.1:0", config=ServerConfig())
+    upstream = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    breaking = BreakingProxy(upstream)
+    await breaking.start()
+    try:
+        yield breaking, breaking.target
+    finally:
+        await breaking.stop()
+        await upstream.close()
+        await server.stop(None)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [Cut(grpc.StatusCode.UNAVAILABLE), Cut(grpc.StatusCode.CANCELLED), Cut(drop_connection=True)],
+    ids=["unavailable", "cancelled", "connection-dropped"],
+)
+async def test_a_stream_broken_mid_call_is_reattached_and_the_tool_runs_once(proxy, cut) -> None:
+    breaking, target = proxy
+    breaking.cut = cut
+    async with AsyncORSClient(target) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            output = await session.call_tool("slow_count", {"seconds": TOOL_SECONDS})
+
+    assert breaking.finished_at_cut == [0], "the stream must break while the tool runs"
+    first, second = breaking.call_requests
+    assert first.call.task_id == "" and second.call.task_id != ""
+    assert CountingEnv.runs == [1] and CountingEnv.finished == [1]
+    assert output.blocks == [TextBlock(text="run 1")]
+
+
+async def test_a_stream_broken_before_the_task_id_is_not_retried(proxy) -> None:
+    breaking, target = proxy
+    breaking.cut = Cut(before_first_event=True)
+    async with AsyncORSClient(target) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            with pytest.raises(ORSServerError) as broken:
+                await session.call_tool("slow_count", {"seconds": 0})
+            # Unknown whether the tool started: the client must not run it again blindly.
+            assert len(breaking.call_requests) == 1
+            assert broken.value.code == grpc.StatusCode.UNAVAILABLE
+            assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
+
+
+async def test_reattaching_gives_up_after_the_configured_attempts(proxy) -> None:
+    breaking, target = proxy
+    breaking.cut = Cut(times=10)
+    async with AsyncORSClient(target, reattach_attempts=2) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            with pytest.raises(ORSServerError) as broken:
+                await session.call_tool("slow_count", {"seconds": 0})
+    assert broken.value.code == grpc.StatusCode.UNAVAILABLE
+    assert len(breaking.call_requests) == 3
+    assert CountingEnv.runs == [1]
+
+
+async def test_keepalive_pings_keep_an_idle_session_from_being_reaped() -> None:
+    config = ServerConfig(session_timeout_s=1.0, reaper_interval_s=0.1)
+    server, port = await create_server([EchoEnv], "127.0.0.1:0", config=config)
+    target = f"127.0.0.1:{port}"
+    try:
+        async with AsyncORSClient(target, ping_interval_s=0.2) as pinging, AsyncORSClient(
+            target, ping_interval_s=3600
+        ) as silent:
+            async with pinging.environment("echoenv").session(split="train", index=0) as kept:
+                async with silent.environment("echoenv").session(split="train", index=0) as idle:
+                    await _wait_until_reaped(target, idle)
+                    # Idle for longer than the timeout, too, but pinged all along.
+                    assert await kept.get_prompt() == [TextBlock(text="Say hello")]
+    finally:
+        await server.stop(None)
+
+
+async def _wait_until_reaped(target: str, session, limit_s: float = 20.0) -> None:
+    """Waits (without touching the session, which would refresh it) until the server forgot it."""
+    client = AsyncORSClient(target)
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while (await client.health()).open_sessions > 1:
+            assert loop.time() < deadline, "the unpinged session was never reaped"
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+    with pytest.raises(ORSServerError) as gone:
+        await session.get_prompt()
+    assert gone.value.reason == "ERROR_REASON_SESSION_NOT_FOUND"
