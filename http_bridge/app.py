@@ -197,14 +197,17 @@ async def get_task(request: web.Request) -> web.Response:
     body = await _body(request, convert.TaskBody)
     request_ = convert.task_request(request.match_info["env"], body)
     response = await _stub(request).GetTask(request_, metadata=call_metadata(request))
-    return _json({"task": convert.task_json(response.task)})
+    # `env_name` is not in the reference's answer, but the openreward client reads it.
+    return _json({"task": convert.task_json(response.task), "env_name": request.match_info["env"]})
 
 
 async def get_task_range(request: web.Request) -> web.Response:
     body = await _body(request, convert.TaskRangeBody)
     request_ = convert.task_range_request(request.match_info["env"], body)
     response = await _stub(request).GetTaskRange(request_, metadata=call_metadata(request))
-    return _json({"tasks": [convert.task_json(task) for task in response.tasks]})
+    tasks = [convert.task_json(task) for task in response.tasks]
+    # `env_name` is not in the reference's answer, but the openreward client reads it.
+    return _json({"tasks": tasks, "env_name": request.match_info["env"]})
 
 
 # --------------------------------------------------------------------------

@@ -64,10 +64,10 @@ async def test_tasks_are_lossless_and_aliases_work(http: aiohttp.ClientSession) 
         assert await response.json() == {"num_tasks": len(TEST_TASKS)}
     for path in ("/echoenv/task", "/echoenv/get_task"):
         async with http.post(path, json={"split": "train", "index": 2}) as response:
-            assert await response.json() == {"task": TRAIN_TASKS[2]}
+            assert await response.json() == {"task": TRAIN_TASKS[2], "env_name": "echoenv"}
     for path in ("/echoenv/task_range", "/echoenv/get_task_range"):
         async with http.post(path, json={"split": "train", "start": -2}) as response:
-            assert await response.json() == {"tasks": TRAIN_TASKS[-2:]}
+            assert await response.json() == {"tasks": TRAIN_TASKS[-2:], "env_name": "echoenv"}
 
 
 @pytest.mark.parametrize(
