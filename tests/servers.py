@@ -89,3 +89,22 @@ def _wait_listening(serve: ServeProcess, wants_http: bool) -> None:
             serve.grpc_target = f"{host}:{port}"
         else:
             serve.http_url = f"http://{host}:{port}"
+
+
+@contextmanager
+def start_bridge(backend_target: str, *args: str) -> Iterator[ServeProcess]:
+    """Start `python -m ors_grpc.cli bridge --backend TARGET --http-port 0 *args`; wait until it listens."""
+    process_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ors_grpc.cli", "bridge", "--backend", backend_target, "--http-port", "0", *args],
+        cwd=ROOT, env=process_env, stdout=subprocess.PIPE, text=True, bufsize=1,
+    )
+    bridge = ServeProcess(proc)
+    threading.Thread(target=_pump, args=(proc.stdout, bridge.lines), daemon=True).start()
+    try:
+        # Only the HTTP door: mark the gRPC one as the backend's.
+        bridge.grpc_target = backend_target
+        _wait_listening(bridge, wants_http=True)
+        yield bridge
+    finally:
+        bridge.stop()
