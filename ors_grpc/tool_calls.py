@@ -53,6 +53,8 @@ class ToolCallTask:
     async def outcome(self) -> CallOutcome:
         """Wait for the outcome. Cancelling this wait leaves the tool running."""
         await asyncio.wait({self._task})
+        if self._task.cancelled():  # only `release` cancels: the session ended
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         return self._task.result()
 
     def cancel(self) -> None:

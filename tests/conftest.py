@@ -26,7 +26,9 @@ async def serving(
     """Start a server for `environments` on a free loopback port; yield a stub onto it."""
     server, port = await create_server(environments, "127.0.0.1:0", config=config)
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        options = [("grpc.max_receive_message_length", config.max_message_bytes),
+                   ("grpc.max_send_message_length", config.max_message_bytes)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
             yield pb_grpc.EnvironmentServiceStub(channel)
     finally:
         await server.stop(None)
