@@ -35,7 +35,10 @@ def load_environment(spec: str) -> type:
         raise SystemExit(f"environment must look like module.path:ClassName, got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"cannot import {module_name!r}: {exc}") from None
     try:
         return getattr(module, class_name)
     except AttributeError:
