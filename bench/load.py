@@ -1,4 +1,4 @@
-"""The load generator: ``python -m bench.load --door http|grpc --target ... --mode ...``.
+"""The load generator: ``python -m bench.load --door http|grpc|grpc-raw --target ... --mode ...``.
 
 Runs in its own process (the benchmark starts one per measurement) and prints
 one JSON object. Modes:
@@ -22,10 +22,17 @@ from collections.abc import Callable
 from bench.stats import latency_summary
 
 
+#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs.
+DOOR_KINDS = ("http", "grpc", "grpc-raw")
+
+
 def make_door(kind: str, target: str):
     if kind == "http":
         from bench.http_door import HttpDoor
         return HttpDoor(target)
+    if kind == "grpc":
+        from bench.client_door import ClientDoor
+        return ClientDoor(target)
     from bench.grpc_door import GrpcDoor
     return GrpcDoor(target)
 
@@ -33,8 +40,11 @@ def make_door(kind: str, target: str):
 async def run_episode(door, on_tool_call: Callable[[float], None]) -> None:
     """Session id, create, prompt, 4 steps, a final submit, delete, delete session.
 
-    ``on_tool_call`` receives each tool call's latency in seconds.
+    ``on_tool_call`` receives each tool call's latency in seconds. Doors with
+    their own episode (the client's session context manager) run that.
     """
+    if hasattr(door, "episode"):
+        return await door.episode(on_tool_call)
     sid = await door.new_session_id()
     await door.open_episode(sid, 10)
     for n in (1, 2, 3, 4):
@@ -109,6 +119,9 @@ async def sessions(door, workers: int, count: int) -> dict:
 
 
 async def image(door, count: int) -> dict:
+    if hasattr(door, "image_calls"):
+        size, latencies = await door.image_calls(count)
+        return {"image_bytes": size, "latency": latency_summary(latencies)}
     sid = await door.new_session_id()
     await door.open_episode(sid, 10)
     size = await door.image_call(sid)  # uncounted: builds the image once
@@ -122,17 +135,22 @@ async def image(door, count: int) -> dict:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
     async with make_door(args.door, args.target) as door:
         if args.mode == "episodes":
-            return await episodes(door, args.workers, args.warmup, args.duration)
-        if args.mode == "sessions":
-            return await sessions(door, args.workers, args.count)
-        return await image(door, args.count)
+            result = await episodes(door, args.workers, args.warmup, args.duration)
+        elif args.mode == "sessions":
+            result = await sessions(door, args.workers, args.count)
+        else:
+            result = await image(door, args.count)
+    # Shows whether the load generator itself was the bottleneck.
+    result["loadgen_cpu"] = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
+    return result
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.load")
-    parser.add_argument("--door", choices=["http", "grpc"], required=True)
+    parser.add_argument("--door", choices=DOOR_KINDS, required=True)
     parser.add_argument("--target", required=True, help="http://127.0.0.1:PORT or 127.0.0.1:PORT")
     parser.add_argument("--mode", choices=["episodes", "sessions", "image"], required=True)
     parser.add_argument("--workers", type=int, default=32)

@@ -1,8 +1,9 @@
 """The benchmark's command: serve ``bench.env:BenchEnv`` three ways, load each the same way, print the figures.
 
 Doors: ``reference`` (ors-sdk's FastAPI server under uvicorn), ``bridge`` (our
-HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service,
-straight through gRPC). Each door gets a fresh server process and a separate
+HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service
+through our Python client, ``ors_grpc.client``); optionally ``grpc-raw`` (the
+gRPC service through the bare generated stubs, to see the client's share). Each door gets a fresh server process and a separate
 load-generator process (``bench.load``); the two HTTP doors are driven by the
 same aiohttp code.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from bench.servers import REPO_ROOT, ServerProcess, ours_server, reference_server
 
 DOORS = ("reference", "bridge", "grpc")
+OPTIONAL_DOORS = ("grpc-raw",)
 MIB = 1024 * 1024
 
 
@@ -62,8 +64,8 @@ def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[
 
 def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     """(load-generator door kind, target address) of a started server."""
-    if door == "grpc":
-        return "grpc", f"127.0.0.1:{server.ports['gRPC']}"
+    if door in ("grpc", "grpc-raw"):
+        return door, f"127.0.0.1:{server.ports['gRPC']}"
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
 
 
@@ -80,8 +82,10 @@ def measure_door(door: str, args: argparse.Namespace) -> DoorResult:
     with server:
         kind, target = target_of(door, server)
         timeout = args.warmup + args.duration + 120
+        cpu_before, wall_before = server.cpu_seconds(), time.perf_counter()
         result.load = run_load(kind, target, "episodes", timeout, workers=args.workers,
                                warmup=args.warmup, duration=args.duration)
+        result.load["server_cpu"] = (server.cpu_seconds() - cpu_before) / (time.perf_counter() - wall_before)
         if args.image_calls:
             result.image = run_load(kind, target, "image", 300, count=args.image_calls)
     return result
@@ -98,6 +102,7 @@ def measure_memory(label: str, door: str, args: argparse.Namespace) -> MemoryRes
         return result
     with server:
         kind, target = target_of(door, server)
+        kind = "grpc-raw" if kind == "grpc" else kind  # no client-side pinger per idle session
         # Warm up every code path an idle session touches, then let go of it.
         run_load(kind, target, "episodes", 60, workers=4, warmup=0, duration=0.5)
         time.sleep(0.5)
@@ -127,7 +132,7 @@ def ratio(ours: float, reference: float) -> str:
 def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:
     print(f"\n## Closed loop: {args.workers} workers, {args.duration:g} s (after {args.warmup:g} s warm-up)")
     print(f"{'door':<10} {'episodes/s':>10} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-          f" {'eps vs ref':>10} {'p99 vs ref':>10}")
+          f" {'eps vs ref':>10} {'p99 vs ref':>10} {'server CPU':>10} {'loadgen CPU':>11}")
     ref = results.get("reference")
     ref_load = ref.load if ref else None
     for door, res in results.items():
@@ -142,7 +147,8 @@ def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -
             eps_ratio = ratio(eps, ref_load["episodes"] / ref_load["seconds"])
             p99_ratio = ratio(load["tool_calls"]["p99"], ref_load["tool_calls"]["p99"])
         print(f"{door:<10} {eps:>10.1f} {calls:>9.1f} {fmt_ms(load['tool_calls']['p50']):>8}"
-              f" {fmt_ms(load['tool_calls']['p99']):>8} {load['errors']:>6} {eps_ratio:>10} {p99_ratio:>10}")
+              f" {fmt_ms(load['tool_calls']['p99']):>8} {load['errors']:>6} {eps_ratio:>10} {p99_ratio:>10}"
+              f" {load['server_cpu']:>10.0%} {load['loadgen_cpu']:>11.0%}")
         if load["first_error"]:
             print(f"{'':<10} first error: {load['first_error']}")
 
@@ -204,7 +210,7 @@ def uvicorn_impls() -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--doors", default=",".join(DOORS),
-                        help="comma-separated subset of: " + ", ".join(DOORS))
+                        help="comma-separated, from: " + ", ".join(DOORS + OPTIONAL_DOORS))
     parser.add_argument("--workers", type=int, default=32, help="concurrent closed-loop workers (32)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per door (10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="uncounted seconds before (2)")
@@ -217,7 +223,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     args = parser.parse_args(argv)
     args.doors = [d for d in args.doors.split(",") if d]
-    unknown = set(args.doors) - set(DOORS)
+    unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
     if unknown:
         parser.error(f"unknown doors: {', '.join(sorted(unknown))}")
     args.sessions = sorted(int(c) for c in args.sessions.split(",") if c)

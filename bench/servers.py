@@ -60,6 +60,12 @@ class ServerProcess:
         assert kib, status
         return int(kib.group(1)) * 1024
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (all its threads)."""
+        assert self.proc is not None
+        fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds; removes the log file."""
         if self.proc is not None and self.proc.poll() is None:
