@@ -26,6 +26,16 @@ from .types import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # `Server` pulls in grpc and the service: import it only when asked for.
+    if name == "Server":
+        from .server import Server
+
+        return Server
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "Blocks",
     "CreateSession",
@@ -37,6 +47,7 @@ __all__ = [
     "RunToolError",
     "RunToolOutput",
     "RunToolSuccess",
+    "Server",
     "Split",
     "TextBlock",
     "ToolCall",

@@ -76,12 +76,17 @@ def _announce(door: str, host: str, port: int) -> None:
     print(f"{door} listening on {host}:{port}", flush=True)
 
 
-async def _wait_for_stop_signal() -> None:
+async def wait_for_stop_signal() -> None:
+    """Return once SIGINT or SIGTERM arrives."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
 
 
 def _local_target(host: str, port: int) -> str:
@@ -91,11 +96,38 @@ def _local_target(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    from .server import ServerConfig, create_server
+async def serve_until_signal(
+    environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any
+) -> None:
+    """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
+    announcing each door on stdout; then stop gracefully."""
+    from .server import create_server
 
-    if args.tls_cert and args.http_port is not None:
+    if config.tls_cert and http_port is not None:
         raise SystemExit("--http-port with TLS is not supported: run `ors-grpc bridge` separately")
+    server, bound_port = await create_server(environments, f"{host}:{port}", config=config)
+    _announce("gRPC", host, bound_port)
+    runner: Any = None
+    try:
+        if http_port is not None:
+            from http_bridge import start_bridge
+
+            runner, bound_http_port = await start_bridge(
+                _local_target(host, bound_port), host, http_port,
+                max_body_bytes=config.max_message_bytes, max_message_bytes=config.max_message_bytes,
+            )
+            _announce("HTTP", host, bound_http_port)
+        await wait_for_stop_signal()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await server.stop(SHUTDOWN_GRACE_S)
+    logger.info("server_stopped")
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from .server import ServerConfig
+
     environments = [load_environment(spec) for spec in args.environments or [DEFAULT_ENVIRONMENT]]
     config = ServerConfig(
         session_timeout_s=args.session_timeout,
@@ -106,24 +138,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    server, port = await create_server(environments, f"{args.host}:{args.port}", config=config)
-    _announce("gRPC", args.host, port)
-    runner: Any = None
-    try:
-        if args.http_port is not None:
-            from http_bridge import start_bridge
-
-            runner, http_port = await start_bridge(
-                _local_target(args.host, port), args.host, args.http_port,
-                max_body_bytes=args.max_message_bytes,
-            )
-            _announce("HTTP", args.host, http_port)
-        await _wait_for_stop_signal()
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-        await server.stop(SHUTDOWN_GRACE_S)
-    logger.info("server_stopped")
+    await serve_until_signal(environments, args.host, args.port, args.http_port, config)
 
 
 async def _bridge(args: argparse.Namespace) -> None:
@@ -134,7 +149,7 @@ async def _bridge(args: argparse.Namespace) -> None:
     )
     _announce("HTTP", args.host, http_port)
     try:
-        await _wait_for_stop_signal()
+        await wait_for_stop_signal()
     finally:
         await runner.cleanup()
 

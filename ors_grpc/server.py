@@ -7,7 +7,9 @@ the server has stopped accepting work.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -24,7 +26,7 @@ from .errors import ERROR_REASON_METADATA_KEY
 from .service import EnvironmentService
 from .sessions import SessionTable
 
-__all__ = ["API_KEY_METADATA_KEY", "ServerConfig", "create_server"]
+__all__ = ["API_KEY_METADATA_KEY", "Server", "ServerConfig", "create_server"]
 
 API_KEY_METADATA_KEY = "x-api-key"
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
@@ -185,3 +187,37 @@ def _stop_also_ends_sessions(
         await sessions.close()
 
     server.stop = stop  # type: ignore[method-assign]
+
+
+class Server:
+    """Drop-in for the reference SDK's `ors.Server`: `Server([MyEnv]).run(port=8080)`.
+
+    `run` serves the ORS HTTP API on `port` (through the HTTP bridge, so
+    existing ORS clients work unchanged) and gRPC on `grpc_port`, until
+    SIGINT or SIGTERM.
+    """
+
+    def __init__(
+        self,
+        environments: Sequence[type[Environment]],
+        return_errors: str = "exception",
+        *,
+        config: ServerConfig = ServerConfig(),
+    ) -> None:
+        # Fail at construction, as the reference does, not when serving.
+        from .service import environment_map
+
+        environment_map(environments)
+        self.environments = list(environments)
+        self.config = config
+        # Accepted for signature compatibility: errors always carry the
+        # exception's message here (the reference's default).
+        self.return_errors = return_errors
+
+    def run(self, host: str = "0.0.0.0", port: int = 8080, *, grpc_port: int = 50051) -> None:
+        """Serve until SIGINT/SIGTERM, then tear every session down."""
+        from .cli import serve_until_signal
+
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO)
+        asyncio.run(serve_until_signal(self.environments, host, grpc_port, port, self.config))

@@ -2,7 +2,9 @@
 
 These are the authoring API's types (`ors_grpc.ToolOutput`, ...): an
 environment written against `ors` (ors-sdk 0.1.0) builds the same objects
-here. The gRPC wire forms live in `_generated`; `_convert` maps between them.
+here (same fields, defaults and JSON schemas: the models carry no docstrings,
+which pydantic would add to the schemas). The gRPC wire forms live in
+`_generated`; `_convert` maps between them.
 """
 
 from __future__ import annotations
@@ -36,17 +38,15 @@ JSONValue = TypeAliasType(
 JSONObject = Mapping[str, JSONValue]
 
 
+# Text content.
 class TextBlock(BaseModel, extra="forbid"):
-    """Text content."""
-
     text: str
     detail: Optional[JSONObject] = None
     type: Literal["text"] = "text"
 
 
+# Image content; `data` is base64 text, as in the reference SDK.
 class ImageBlock(BaseModel, extra="forbid"):
-    """Image content; `data` is base64 text, as in the reference SDK."""
-
     data: str
     mimeType: str
     detail: Optional[JSONObject] = None
@@ -56,60 +56,52 @@ class ImageBlock(BaseModel, extra="forbid"):
 Blocks = TypeAliasType("Blocks", Sequence[Union[TextBlock, ImageBlock]])
 
 
+# What a tool returns: content, optional reward, and whether the episode is over.
 class ToolOutput(BaseModel, extra="forbid"):
-    """What a tool returns: content, optional reward, and whether the episode is over."""
-
     blocks: Blocks
     metadata: Optional[JSONObject] = None
     reward: Optional[float] = None
     finished: bool = False
 
 
+# The tool ran.
 class RunToolSuccess(BaseModel, extra="forbid"):
-    """The tool ran."""
-
     ok: Literal[True] = True
     output: ToolOutput
 
 
+# The call was refused without running the tool.
 class RunToolError(BaseModel, extra="forbid"):
-    """The call was refused without running the tool."""
-
     ok: Literal[False] = False
     error: str
 
 
+# The outcome of a dispatched tool call.
 class RunToolOutput(RootModel[Union[RunToolSuccess, RunToolError]]):
-    """The outcome of a dispatched tool call."""
-
     root: Union[RunToolSuccess, RunToolError] = Field(discriminator="ok")
 
 
+# A tool the agent may call.
 class ToolSpec(BaseModel, extra="forbid"):
-    """A tool the agent may call."""
-
     name: str
     description: str
     input_schema: Optional[JSONObject]
 
 
+# A list of tool specs.
 class ListToolsOutput(BaseModel, extra="forbid"):
-    """A list of tool specs."""
-
     tools: list[ToolSpec]
 
 
+# A request to run one tool (or attach to an earlier call by task id).
 class ToolCall(BaseModel, extra="forbid"):
-    """A request to run one tool (or attach to an earlier call by task id)."""
-
     name: str
     input: JSONObject
     task_id: Optional[str] = None
 
 
+# The body of an episode creation request.
 class CreateSession(BaseModel, extra="forbid"):
-    """The body of an episode creation request."""
-
     env_name: Optional[str] = None
     task_spec: Optional[JSONObject] = None
     split: Optional[str] = None
@@ -131,8 +123,7 @@ class CreateSession(BaseModel, extra="forbid"):
 SplitType = Literal["train", "validation", "test"]
 
 
+# A named set of tasks and what it is for.
 class Split(BaseModel, extra="forbid"):
-    """A named set of tasks and what it is for."""
-
     name: str
     type: SplitType
