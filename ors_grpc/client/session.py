@@ -158,6 +158,9 @@ class AsyncSession:
                     return
                 # Transient (server restarting, network blip): the next ping may get through.
                 logger.info("ping of session %s failed: %s", self.session_id, error.code.name)
+            except Exception as error:  # e.g. the client was closed under the session
+                logger.warning("stopped pinging session %s: %r", self.session_id, error)
+                return
 
     async def _release(self) -> None:
         """DeleteEpisode then DeleteSessionId, each bounded and best effort."""
@@ -170,7 +173,7 @@ class AsyncSession:
         ):
             try:
                 await self._connection.unary(method, request, session_id=session_id, timeout=_CLEANUP_TIMEOUT_S)
-            except ORSServerError as error:
+            except Exception as error:  # never mask the body's own exception
                 logger.warning("%s of session %s failed: %s", method, session_id, error)
 
 

@@ -54,9 +54,17 @@ class _LoopThread:
     def stop(self) -> None:
         if self.closed:
             return
+        self.run(_cancel_other_tasks())  # e.g. the pinger of a session left open
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+async def _cancel_other_tasks() -> None:
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 class Session:
