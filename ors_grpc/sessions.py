@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import time
 from typing import Any, Iterable
@@ -50,6 +51,9 @@ class Session:
         self.error: ORSError | None = None
         self.deleted = False
         self.setup_task: asyncio.Task[None] | None = None
+        # True while setup runs synchronous user code in a worker thread,
+        # which cannot be interrupted (see SessionTable.delete).
+        self.setup_in_thread = False
         self.last_active = time.monotonic()
 
     def touch(self) -> None:
@@ -135,9 +139,7 @@ class SessionTable:
             return
         session.deleted = True
         session.ready.set()  # wake waiters: they answer "Session deleted"
-        if session.setup_task is not None and not session.setup_task.done():
-            session.setup_task.cancel()
-            await asyncio.wait({session.setup_task})
+        await self._stop_setup(session)
         await session.calls.release()
         if session.env is not None:
             await self._tear_down(session)
@@ -151,11 +153,34 @@ class SessionTable:
             self._reaper = None
         await asyncio.gather(*(self.delete(sid) for sid in list(self._sessions)))
 
+    async def _stop_setup(self, session: Session) -> None:
+        """Stop a running setup. Async setup is cancelled; synchronous code in
+        a thread cannot be, so it is waited for: a sync `setup()` that ends
+        well leaves an environment that `delete` then tears down (as the
+        reference SDK, whose sync setup runs to its end, would)."""
+        task = session.setup_task
+        if task is None or task.done():
+            return
+        if not session.setup_in_thread:
+            task.cancel()
+        await asyncio.wait({task})
+
+    async def _run_setup_step(self, session: Session, fn: Any) -> Any:
+        session.setup_in_thread = not inspect.iscoroutinefunction(fn)
+        try:
+            return await run_user_code(fn)
+        finally:
+            session.setup_in_thread = False
+
     async def _set_up(self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str]) -> None:
         started = time.monotonic()
         try:
-            env = await run_user_code(functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets))
-            await run_user_code(env.setup)
+            env = await self._run_setup_step(
+                session, functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets)
+            )
+            if session.deleted:
+                return  # deleted while constructing: setup never ran, nothing to tear down
+            await self._run_setup_step(session, env.setup)
         except Exception as exc:
             message = str(exc) or type(exc).__name__
             session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, message)
@@ -177,7 +202,10 @@ class SessionTable:
     async def _reap_forever(self) -> None:
         while True:
             await asyncio.sleep(self._reaper_interval_s)
-            await self.reap()
+            try:
+                await self.reap()
+            except Exception:  # a bug here must not stop the reaping for good
+                logger.exception("reaper_failed")
 
     async def reap(self) -> None:
         """Delete sessions idle longer than the timeout, unless a call is in flight."""
@@ -186,6 +214,6 @@ class SessionTable:
             sid for sid, session in self._sessions.items()
             if session.idle_for(now) > self._timeout_s and not session.calls.in_flight
         ]
-        for sid in expired:
-            logger.info("session_expired")
-            await self.delete(sid)
+        if expired:
+            logger.info("sessions_expired count=%d", len(expired))
+            await asyncio.gather(*(self.delete(sid) for sid in expired))

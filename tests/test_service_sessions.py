@@ -61,9 +61,14 @@ class SyncBlockingSetupEnv(EchoEnv):
     started = threading.Event()
     release = threading.Event()
 
+    torn_down: list[int] = []
+
     def setup(self) -> None:
         type(self).started.set()
         type(self).release.wait(WAIT_S)
+
+    def teardown(self) -> None:
+        type(self).torn_down.append(self.task_spec["id"])
 
 
 class LeakySetupEnv(EchoEnv):
@@ -298,3 +303,18 @@ async def test_stopping_the_server_tears_down_every_session() -> None:
     await server.stop(None)
     assert sorted(TeardownEnv.torn_down) == [1, 2]
 
+
+
+async def test_delete_during_sync_setup_waits_for_it_then_tears_down(stub) -> None:
+    SyncBlockingSetupEnv.started.clear()
+    SyncBlockingSetupEnv.release.clear()
+    SyncBlockingSetupEnv.torn_down = []
+    other = await create_episode(stub)
+    sid = await create_episode(stub, "syncblockingsetupenv", index=1)
+    await asyncio.get_running_loop().run_in_executor(None, SyncBlockingSetupEnv.started.wait, WAIT_S)
+    delete = asyncio.ensure_future(stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid)))
+    assert (await stub.Ping(pb.PingRequest(session_id=other))).status == "ok"  # the loop is free
+    assert not delete.done()  # the sync setup cannot be interrupted: delete waits for it
+    SyncBlockingSetupEnv.release.set()
+    await delete
+    assert SyncBlockingSetupEnv.torn_down == [1]
