@@ -69,6 +69,8 @@ class BreakingProxy:
     upstream: grpc.aio.Channel
     cut: Optional[Cut] = None
     call_requests: list[pb.CallToolRequest] = field(default_factory=list)
+    #: (method name, x-session-id metadata or None) of every forwarded RPC.
+    session_metadata: list[tuple[str, Optional[str]]] = field(default_factory=list)
     #: len(CountingEnv.finished) at each cut: 0 proves the tool was still running.
     finished_at_cut: list[int] = field(default_factory=list)
     port: int = 0
@@ -99,6 +101,8 @@ class BreakingProxy:
 
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+                sent = dict(details.invocation_metadata or ())
+                proxy.session_metadata.append((details.method.rsplit("/", 1)[-1], sent.get("x-session-id")))
                 if details.method == CALL_TOOL:
                     return grpc.unary_stream_rpc_method_handler(proxy._forward_call_tool)
                 return grpc.unary_unary_rpc_method_handler(proxy._forward_unary(details.method))
@@ -179,6 +183,10 @@ async def test_a_stream_broken_mid_call_is_reattached_and_the_tool_runs_once(pro
     assert first.call.task_id == "" and second.call.task_id != ""
     assert CountingEnv.runs == [1] and CountingEnv.finished == [1]
     assert output.blocks == [TextBlock(text="run 1")]
+    # Every session-scoped call carried the session id as metadata too (load-balancer affinity).
+    methods = [method for method, _ in breaking.session_metadata]
+    assert methods == ["CreateSessionId", "CreateEpisode", "CallTool", "CallTool", "DeleteEpisode", "DeleteSessionId"]
+    assert [sid for _, sid in breaking.session_metadata] == [None] + [first.session_id] * 5
 
 
 async def test_a_stream_broken_before_the_task_id_is_not_retried(proxy) -> None:
