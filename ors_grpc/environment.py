@@ -9,6 +9,7 @@ episode never blocks the event loop that serves every other session.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -61,13 +62,19 @@ def _user_code_executor() -> ThreadPoolExecutor:
     return _executor
 
 
-async def run_user_code(fn: Callable[..., Any], *args: Any) -> Any:
+async def run_user_code(fn: Callable[..., Any], *args: Any, sync_lock: asyncio.Lock | None = None) -> Any:
     """Call user code without blocking the loop: await coroutine functions,
-    run plain functions in a worker thread (awaiting what they may return)."""
+    run plain functions in a worker thread (awaiting what they may return).
+
+    `sync_lock`, an episode's lock, keeps its synchronous code to one thread
+    at a time: under the reference SDK sync code runs on the event loop and
+    never overlaps, and environments written for it may rely on that.
+    """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(_user_code_executor(), functools.partial(fn, *args))
+    async with sync_lock or contextlib.nullcontext():
+        result = await loop.run_in_executor(_user_code_executor(), functools.partial(fn, *args))
     if inspect.isawaitable(result):
         result = await result
     return result
@@ -143,9 +150,9 @@ class Environment(ABC):
     @classmethod
     async def num_tasks(cls, split: str) -> int:
         """The number of tasks of a split (cached per class and split)."""
-        cache: dict[str, int] = cls.__dict__.get("_num_tasks_cache") or {}
-        if "_num_tasks_cache" not in cls.__dict__:
-            cls._num_tasks_cache = cache
+        cache: dict[str, int] | None = cls.__dict__.get("_num_tasks_cache")
+        if cache is None:
+            cache = cls._num_tasks_cache = {}
         if split not in cache:
             cache[split] = len(await run_user_code(cls.list_tasks, split))
         return cache[split]
@@ -235,9 +242,12 @@ class Environment(ABC):
                 return candidate, toolset_cls.__name__
         return None, None
 
-    async def _call_tool(self, name: str, input: JSONObject) -> RunToolOutput:
+    async def _call_tool(
+        self, name: str, input: JSONObject, *, sync_lock: asyncio.Lock | None = None
+    ) -> RunToolOutput:
         """Run tool `name` on `input`; unknown names and invalid input are
-        tool-level errors, exceptions of the tool propagate."""
+        tool-level errors, exceptions of the tool propagate. `sync_lock`: see
+        `run_user_code`."""
         env_fn = getattr(self, name, None)
         has_env_tool = env_fn is not None and self._is_tool(env_fn)
         toolset_fn, toolset_source = self._find_toolset_tool(name)
@@ -256,9 +266,9 @@ class Environment(ABC):
                 arg = model(**input)
             except ValidationError as exc:
                 return RunToolOutput(RunToolError(error=f"Tool input validation error: {str(exc.errors())}"))
-            result = await run_user_code(fn, arg)
+            result = await run_user_code(fn, arg, sync_lock=sync_lock)
         else:
-            result = await run_user_code(fn)
+            result = await run_user_code(fn, sync_lock=sync_lock)
         if not isinstance(result, ToolOutput):
             raise TypeError(f"{name!r} returned {type(result).__name__}; expected ToolOutput")
         return RunToolOutput(RunToolSuccess(output=result))

@@ -32,10 +32,8 @@ API_KEY_METADATA_KEY = "x-api-key"
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
 # Health checks answer without a key: grpc.health.v1, and our own Health RPC
 # (HTTP /health maps onto it, and the ORS spec exempts /health).
-_UNAUTHENTICATED_METHODS_PREFIXES = (
-    f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/",
-    f"/{SERVICE_NAME}/Health",
-)
+_HEALTH_SERVICE_PREFIX = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/"
+_HEALTH_METHOD = f"/{SERVICE_NAME}/Health"
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,8 @@ class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(_UNAUTHENTICATED_METHODS_PREFIXES):
+        exempt = details.method == _HEALTH_METHOD or details.method.startswith(_HEALTH_SERVICE_PREFIX)
+        if handler is None or exempt:
             return handler
         if self._authorized(details.invocation_metadata or ()):
             return handler

@@ -241,14 +241,14 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
-        _, env = await self._sessions.ready(_session_id(request, context))
-        blocks = await run_user_code(env.get_prompt)
+        session, env = await self._sessions.ready(_session_id(request, context))
+        blocks = await run_user_code(env.get_prompt, sync_lock=session.sync_lock)
         return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
 
     @_unary
     async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
-        _, env = await self._sessions.ready(_session_id(request, context))
-        task_tools: ListToolsOutput = await run_user_code(env.list_task_tools)
+        session, env = await self._sessions.ready(_session_id(request, context))
+        task_tools: ListToolsOutput = await run_user_code(env.list_task_tools, sync_lock=session.sync_lock)
         tools = ListToolsOutput(tools=env.list_tools().tools + task_tools.tools)
         return pb.ListTaskToolsResponse(tools=_convert.tool_specs_to_proto(tools))
 

@@ -41,8 +41,13 @@ def redactor(secret_values: Iterable[str]):
 class Session:
     """One episode: its environment (once set up) and its tool calls."""
 
-    def __init__(self, sid: str, env_cls: type[Environment], *, calls: SessionToolCalls, redact: Any) -> None:
+    def __init__(
+        self, sid: str, env_cls: type[Environment], *, sync_lock: asyncio.Lock,
+        calls: SessionToolCalls, redact: Any,
+    ) -> None:
         self.sid = sid
+        #: Keeps the episode's synchronous user code to one thread at a time.
+        self.sync_lock = sync_lock
         self.env_cls = env_cls
         self.env: Environment | None = None
         self.calls = calls
@@ -98,8 +103,11 @@ class SessionTable:
         """Register an episode and start its construction and setup."""
         self.check_can_create(sid)
         redact = redactor(secrets.values())
-        calls = SessionToolCalls(linger_s=self._linger_s, timeout_s=self._tool_timeout_s, redact=redact)
-        session = Session(sid, env_cls, calls=calls, redact=redact)
+        sync_lock = asyncio.Lock()
+        calls = SessionToolCalls(
+            linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact
+        )
+        session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
         self._sessions[sid] = session
         session.setup_task = asyncio.get_running_loop().create_task(
             self._set_up(session, task_spec, secrets), name=f"ors-setup-{sid}"
@@ -168,7 +176,7 @@ class SessionTable:
     async def _run_setup_step(self, session: Session, fn: Any) -> Any:
         session.setup_in_thread = not inspect.iscoroutinefunction(fn)
         try:
-            return await run_user_code(fn)
+            return await run_user_code(fn, sync_lock=session.sync_lock)
         finally:
             session.setup_in_thread = False
 
@@ -194,7 +202,7 @@ class SessionTable:
     async def _tear_down(self, session: Session) -> None:
         assert session.env is not None
         try:
-            await run_user_code(session.env.teardown)
+            await run_user_code(session.env.teardown, sync_lock=session.sync_lock)
         except Exception as exc:
             logger.warning("teardown_failed error_type=%s error=%s",
                            type(exc).__name__, session.redact(str(exc)))

@@ -64,8 +64,11 @@ class ToolCallTask:
 class SessionToolCalls:
     """The tool calls of one session: start, attach, release."""
 
-    def __init__(self, *, linger_s: float, timeout_s: float | None, redact: Any = str) -> None:
+    def __init__(
+        self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str
+    ) -> None:
         self._linger_s = linger_s
+        self._sync_lock = sync_lock
         self._timeout_s = timeout_s
         self._redact = redact
         self._calls: dict[str, ToolCallTask] = {}
@@ -129,7 +132,7 @@ class SessionToolCalls:
     async def _run_tool(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         started = time.monotonic()
         try:
-            result = await asyncio.wait_for(env._call_tool(name, tool_input), self._timeout_s)
+            result = await asyncio.wait_for(env._call_tool(name, tool_input, sync_lock=self._sync_lock), self._timeout_s)
         except asyncio.TimeoutError:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
             return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")

@@ -272,3 +272,44 @@ async def test_deleting_the_session_cancels_its_calls(stub) -> None:
     error = await expect_error(stream.read())
     assert error_reason(error) == "ERROR_REASON_SESSION_DELETED"
     assert CountingEnv.cancelled
+
+
+class SharedStateEnv(EchoEnv):
+    """Two sync tools over shared state, as written for the reference SDK,
+    where sync code never overlaps."""
+
+    first_started = threading.Event()
+    release = threading.Event()
+    inside = 0
+
+    @tool
+    def slow_write(self) -> ToolOutput:
+        cls = type(self)
+        cls.inside += 1
+        cls.first_started.set()
+        cls.release.wait(WAIT_S)
+        cls.inside -= 1
+        return ToolOutput(blocks=[TextBlock(text="written")])
+
+    @tool
+    def read(self) -> ToolOutput:
+        return ToolOutput(blocks=[TextBlock(text=f"others inside: {type(self).inside}")])
+
+
+async def test_sync_tools_of_one_session_never_overlap() -> None:
+    SharedStateEnv.first_started.clear()
+    SharedStateEnv.release.clear()
+    async with serving([SharedStateEnv]) as stub:
+        sid = await create_episode(stub, "sharedstateenv")
+        other = await create_episode(stub, "sharedstateenv")
+        writer = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("slow_write")))
+        await writer.read()
+        await asyncio.get_running_loop().run_in_executor(None, SharedStateEnv.first_started.wait, WAIT_S)
+        reader = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("read")))
+        await reader.read()
+        # Another session's sync tools are not held up.
+        _, event = await call_tool(stub, other, "read")
+        assert event.result.output.blocks[0].text.text == "others inside: 1"
+        SharedStateEnv.release.set()
+        assert (await writer.read()).result.output.blocks[0].text.text == "written"
+        assert (await reader.read()).result.output.blocks[0].text.text == "others inside: 0"
