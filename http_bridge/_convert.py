@@ -124,7 +124,7 @@ def parse_body(raw: bytes, model: type[Body]) -> Any:
         raise BadRequest("Request body is required: a JSON object")
     try:
         value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # also bad UTF-8, and integers over the digit limit
         raise BadRequest(f"Request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise BadRequest("Request body is not valid JSON: nested too deeply") from None
@@ -165,7 +165,7 @@ def secrets_from_header(header: Optional[str]) -> dict[str, str]:
         return {}
     try:
         payload = json.loads(base64.b64decode(header.strip(), validate=True))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         raise BadRequest("X-Secrets header must be base64 of a JSON object") from None
     if not isinstance(payload, dict):
         raise BadRequest("X-Secrets header must be base64 of a JSON object")

@@ -71,6 +71,8 @@ def load_json_object(message: types_pb2.JsonValue, field: str) -> dict[str, Any]
         value = json.loads(message.json)
     except ValueError as exc:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: invalid JSON (nested too deeply)") from None
     if not isinstance(value, dict):
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: must be a JSON object")
     return value
