@@ -190,9 +190,10 @@ class SessionTable:
                 return  # deleted while constructing: setup never ran, nothing to tear down
             await self._run_setup_step(session, env.setup)
         except Exception as exc:
-            message = str(exc) or type(exc).__name__
+            # The message reaches clients and logs: mask the session's secrets.
+            message = session.redact(str(exc) or type(exc).__name__)
             session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, message)
-            logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, session.redact(message))
+            logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, message)
         else:
             session.env = env
             logger.debug("setup_completed duration_ms=%.1f", (time.monotonic() - started) * 1000)

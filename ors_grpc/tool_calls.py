@@ -137,11 +137,9 @@ class SessionToolCalls:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
             return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")
         except Exception as exc:
-            message = str(exc) or type(exc).__name__
-            logger.warning(
-                "tool_failed tool=%s error_type=%s error=%s",
-                name, type(exc).__name__, self._redact(message),
-            )
+            # The message reaches clients and logs: mask the session's secrets.
+            message = self._redact(str(exc) or type(exc).__name__)
+            logger.warning("tool_failed tool=%s error_type=%s error=%s", name, type(exc).__name__, message)
             return CallOutcome(failure=message)
         if result.root.ok and result.root.output.finished:
             self.finished = True
