@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,79 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     return grpc.stream_stream_rpc_method_handler(reject, **serializers)
 
 
+class _Malformed:
+    """Stands in for a request message whose bytes do not parse."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Answers INVALID_ARGUMENT to request bytes that do not parse.
+
+    grpc itself answers UNKNOWN (and logs a traceback) when the request
+    deserializer raises; a malformed request is the client's error.
+    Client-streaming handlers (only reflection here) are left as they are.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        return _checking_handler(handler)
+
+
+def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    deserialize = handler.request_deserializer
+
+    def checked_deserialize(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, bad UTF-8 in a string field, ...
+            return _Malformed(exc)
+
+    async def refuse(context: grpc.aio.ServicerContext, request: _Malformed) -> None:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"malformed request message: {request.error}",
+            trailing_metadata=(
+                (ERROR_REASON_METADATA_KEY, errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_INVALID_REQUEST)),
+            ),
+        )
+
+    serializers = {"request_deserializer": checked_deserialize, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await refuse(context, request)
+            result = handler.unary_unary(request, context)
+            return await result if inspect.isawaitable(result) else result
+
+        return grpc.unary_unary_rpc_method_handler(unary, **serializers)
+
+    behavior = handler.unary_stream
+    if inspect.isasyncgenfunction(behavior):
+        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await refuse(context, request)
+            async for message in behavior(request, context):
+                yield message
+
+        return grpc.unary_stream_rpc_method_handler(streaming, **serializers)
+
+    async def writing(request: Any, context: grpc.aio.ServicerContext) -> None:
+        # A streaming handler that writes with `context.write` (grpc.health Watch).
+        if isinstance(request, _Malformed):
+            await refuse(context, request)
+        await behavior(request, context)
+
+    return grpc.unary_stream_rpc_method_handler(writing, **serializers)
+
+
 def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if not config.tls_cert and not config.tls_key:
         return None
@@ -143,7 +217,8 @@ async def create_server(
     service = EnvironmentService(environments, sessions)
     interceptors = [_ApiKeyInterceptor(config.api_key)] if config.api_key else []
     server = grpc.aio.server(
-        interceptors=interceptors,
+        # Innermost: the key check (and anything before it) sees parsed requests.
+        interceptors=[*interceptors, _MalformedRequestInterceptor()],
         options=[
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.max_receive_message_length", config.max_message_bytes),
