@@ -1,0 +1,62 @@
+"""Request counts and latency of the bridge, by route and status, for Prometheus.
+
+The metrics go to `prometheus_client`'s default registry; `ors-grpc bridge
+--metrics-port N` (or `ors-grpc serve --http-port P --metrics-port N`) serves
+them at `http://HOST:N/metrics`, on a port apart from the ORS API's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+
+from ors_grpc.metrics import DURATION_BUCKETS
+
+__all__ = ["REQUESTS", "REQUEST_SECONDS", "record_metrics"]
+
+#: A client that leaves before the answer (nginx's convention).
+CLIENT_CLOSED_REQUEST = 499
+UNMATCHED_ROUTE = "unmatched"
+
+REQUESTS = Counter("ors_bridge_requests", "HTTP requests answered, by route, method and status.",
+                   ["route", "method", "status"])
+REQUEST_SECONDS = Histogram(
+    "ors_bridge_request_duration_seconds",
+    "Time to answer an HTTP request, by route and method (a /call counts until its SSE stream ends).",
+    ["route", "method"], buckets=DURATION_BUCKETS,
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _route_label(request: web.Request) -> str:
+    """The route's pattern (`/{env}/call`), never the raw path: environment
+    names and bogus paths must not mint label values."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else UNMATCHED_ROUTE
+
+
+@web.middleware
+async def record_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count and time every request. Installed outermost, so the statuses it
+    sees are the final ones (after the error middleware and redirects)."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED_REQUEST
+        raise
+    finally:
+        route, method = _route_label(request), request.method
+        REQUESTS.labels(route, method, str(status)).inc()
+        REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - started)
