@@ -22,6 +22,7 @@ from ors_grpc.errors import http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel
+from ._metrics import record_metrics
 from ._sse import SSEWriter, wants_event_stream
 
 __all__ = ["DEFAULT_MAX_BYTES", "create_app", "start_bridge"]
@@ -407,7 +408,7 @@ def create_app(
     path) the backend is reached over TLS.
     """
     app = web.Application(
-        middlewares=[errors_as_json, limit_body, default_env_redirect],
+        middlewares=[record_metrics, errors_as_json, limit_body, default_env_redirect],
         client_max_size=max_body_bytes,
     )
     app[CONFIG] = BridgeConfig(

@@ -3,8 +3,10 @@
     ors-grpc serve [MODULE:CLASS ...] [--host H] [--port P] [--http-port P] ...
     ors-grpc bridge --backend HOST:PORT [--host H] [--http-port P]
 
+Both take `--metrics-port P` to serve Prometheus metrics at /metrics.
+
 Each door prints `gRPC listening on HOST:PORT` / `HTTP listening on HOST:PORT`
-once it accepts connections (port 0 picks a free port). SIGINT and SIGTERM
+(then `metrics listening on HOST:PORT`) once it accepts connections (port 0 picks a free port). SIGINT and SIGTERM
 stop gracefully: no new work, every session torn down, exit status 0.
 """
 
@@ -63,12 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
+    serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
 
     bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
     bridge.add_argument("--backend", required=True, metavar="HOST:PORT")
     bridge.add_argument("--host", default="127.0.0.1")
     bridge.add_argument("--http-port", type=int, default=8080)
     bridge.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    bridge.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     return parser
 
 
@@ -96,8 +100,20 @@ def _local_target(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+async def _start_metrics(host: str, metrics_port: int | None) -> Any:
+    """The Prometheus /metrics server when asked for, announced like the doors."""
+    if metrics_port is None:
+        return None
+    from .metrics import start_metrics_server
+
+    runner, bound_port = await start_metrics_server(host, metrics_port)
+    _announce("metrics", host, bound_port)
+    return runner
+
+
 async def serve_until_signal(
-    environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any
+    environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
+    metrics_port: int | None = None,
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
     announcing each door on stdout; then stop gracefully."""
@@ -108,6 +124,7 @@ async def serve_until_signal(
     server, bound_port = await create_server(environments, f"{host}:{port}", config=config)
     _announce("gRPC", host, bound_port)
     runner: Any = None
+    metrics_runner: Any = None
     try:
         if http_port is not None:
             from http_bridge import start_bridge
@@ -117,10 +134,13 @@ async def serve_until_signal(
                 max_body_bytes=config.max_message_bytes, max_message_bytes=config.max_message_bytes,
             )
             _announce("HTTP", host, bound_http_port)
+        metrics_runner = await _start_metrics(host, metrics_port)
         await wait_for_stop_signal()
     finally:
         if runner is not None:
             await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await server.stop(SHUTDOWN_GRACE_S)
     logger.info("server_stopped")
 
@@ -138,7 +158,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    await serve_until_signal(environments, args.host, args.port, args.http_port, config)
+    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port)
 
 
 async def _bridge(args: argparse.Namespace) -> None:
@@ -148,10 +168,14 @@ async def _bridge(args: argparse.Namespace) -> None:
         args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes
     )
     _announce("HTTP", args.host, http_port)
+    metrics_runner = None
     try:
+        metrics_runner = await _start_metrics(args.host, args.metrics_port)
         await wait_for_stop_signal()
     finally:
         await runner.cleanup()
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,6 +23,7 @@ from ._generated.ors.v1 import environment_service_pb2 as pb
 from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
+from . import metrics
 from .errors import ERROR_REASON_METADATA_KEY
 from .service import EnvironmentService
 from .sessions import SessionTable
@@ -215,7 +216,10 @@ async def create_server(
         tool_timeout_s=config.tool_timeout_s,
     )
     service = EnvironmentService(environments, sessions)
-    interceptors = [_ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    # Metrics first: it also counts the calls the key check rejects.
+    interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
+    if config.api_key:
+        interceptors.append(_ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(
         # Innermost: the key check (and anything before it) sees parsed requests.
         interceptors=[*interceptors, _MalformedRequestInterceptor()],

@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any, Iterable
 
+from . import metrics
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment, run_user_code
 from .errors import ORSError
@@ -109,8 +110,9 @@ class SessionTable:
         )
         session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
         self._sessions[sid] = session
+        metrics.session_opened(env_cls)
         session.setup_task = asyncio.get_running_loop().create_task(
-            self._set_up(session, task_spec, secrets), name=f"ors-setup-{sid}"
+            metrics.timed_setup(session, self._set_up(session, task_spec, secrets)), name=f"ors-setup-{sid}"
         )
         logger.info("session_created env=%s", env_cls.name().lower())
         return session
@@ -145,6 +147,7 @@ class SessionTable:
         session = self._sessions.pop(sid, None)
         if session is None:
             return
+        metrics.session_closed()
         session.deleted = True
         session.ready.set()  # wake waiters: they answer "Session deleted"
         await self._stop_setup(session)
@@ -225,4 +228,5 @@ class SessionTable:
         ]
         if expired:
             logger.info("sessions_expired count=%d", len(expired))
+            metrics.SESSIONS_REAPED.inc(len(expired))
             await asyncio.gather(*(self.delete(sid) for sid in expired))

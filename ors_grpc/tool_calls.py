@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from . import metrics
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
 from .errors import ORSError
@@ -127,7 +128,7 @@ class SessionToolCalls:
             # Checked again: a call queued behind a finishing one must not run.
             if self.finished:
                 return CallOutcome(result=RunToolOutput(RunToolError(error=EPISODE_FINISHED)))
-            return await self._run_tool(env, name, tool_input)
+            return await metrics.timed_tool_call(env, name, self._run_tool(env, name, tool_input))
 
     async def _run_tool(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         started = time.monotonic()
