@@ -137,11 +137,11 @@ async def serve_until_signal(
         metrics_runner = await _start_metrics(host, metrics_port)
         await wait_for_stop_signal()
     finally:
-        if runner is not None:
-            await runner.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await server.stop(SHUTDOWN_GRACE_S)
+        # All at once: an HTTP call waiting on a running tool ends when the
+        # gRPC stop cancels its stream after the grace period; stopping HTTP
+        # first would wait for it for aiohttp's shutdown timeout (60 s).
+        runners = [r for r in (runner, metrics_runner) if r is not None]
+        await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
     logger.info("server_stopped")
 
 
