@@ -1,0 +1,162 @@
+"""Scale-out: 3 `ors-grpc serve` backends behind nginx (consistent hash on x-session-id) behind one
+`ors-grpc bridge`, driven by the unmodified `ors.client` (ors-sdk).
+
+Affinity is checked from two independent sides: every tool output carries the
+pid of the backend that ran it (tests/scaleout_env.py), and each backend's own
+metrics count exactly the sessions and tool calls those outputs attribute to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator
+
+import pytest
+from ors.client import AsyncORS
+
+from deploy.nginx.run_topology import Topology, find_nginx
+from tests.metrics_scrape import scrape, total, value
+from tests.scaleout_env import TASKS
+
+pytestmark = pytest.mark.skipif(
+    find_nginx() is None, reason="nginx is not installed (apt-get install -y nginx; .ci/run installs it)"
+)
+
+BACKENDS = 3
+EPISODES = 300
+CONCURRENCY = 50
+ENVIRONMENT = "whoami"
+#: Bound on a call to a lost session: it must fail, not hang (the client
+#: retries a 404 twice with 1 s and 2 s pauses before giving up).
+LOST_CALL_BOUND_S = 30.0
+
+
+@dataclass(frozen=True)
+class Episode:
+    reward: float
+    finished: bool
+    answers: tuple[str, ...]
+    pids: tuple[int, ...]
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[Topology]:
+    with Topology(BACKENDS, 1, ("tests.scaleout_env:WhoAmI",)) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def ors_environment(topology: Topology) -> AsyncIterator[object]:
+    client = AsyncORS(base_url=topology.bridge_urls[0])
+    env = client.environment(ENVIRONMENT)
+    try:
+        yield env
+    finally:
+        await env.client.close()
+
+
+async def run_episode(env, index: int) -> Episode:
+    """Prompt, two `add` steps, `submit`: the agent's side of one episode."""
+    task = TASKS[index % len(TASKS)]
+    async with env.session(split="train", index=index % len(TASKS)) as session:
+        prompt = await session.get_prompt()
+        assert prompt[0].text == f"What is {task['a']} + {task['b']}?"
+        first = await session.call_tool("add", {"a": task["a"], "b": 0})
+        second = await session.call_tool("add", {"a": int(first.blocks[0].text), "b": task["b"]})
+        result = await session.call_tool("submit", {"answer": int(second.blocks[0].text)})
+    outputs = (first, second, result)
+    return Episode(result.reward, result.finished, tuple(o.blocks[0].text for o in outputs),
+                   tuple(o.metadata["pid"] for o in outputs))
+
+
+async def run_episodes(topology: Topology, count: int) -> list[Episode]:
+    limit = asyncio.Semaphore(CONCURRENCY)
+
+    async def bounded(env, index: int) -> Episode:
+        async with limit:
+            return await run_episode(env, index)
+
+    async with ors_environment(topology) as env:
+        return await asyncio.gather(*(bounded(env, index) for index in range(count)))
+
+
+def expected_answers(index: int) -> tuple[str, ...]:
+    task = TASKS[index % len(TASKS)]
+    return (str(task["a"]), str(task["a"] + task["b"]), "correct")
+
+
+def assert_correct_and_affine(episodes: list[Episode]) -> Counter[int]:
+    """Every episode right, every session on one backend; sessions per backend pid."""
+    for index, episode in enumerate(episodes):
+        assert (episode.reward, episode.finished, episode.answers) == (1.0, True, expected_answers(index))
+        assert len(set(episode.pids)) == 1, f"episode {index} was served by several backends: {episode.pids}"
+    return Counter(episode.pids[0] for episode in episodes)
+
+
+async def test_300_episodes_each_session_on_one_backend_and_every_backend_used(topology: Topology) -> None:
+    episodes = await run_episodes(topology, EPISODES)
+
+    sessions_by_pid = assert_correct_and_affine(episodes)
+    assert set(sessions_by_pid) == {backend.pid for backend in topology.backends}
+    for backend in topology.backends:
+        samples = await scrape(backend.metrics_url)
+        # The backend's own account agrees with where the results say each session ran.
+        sessions = sessions_by_pid[backend.pid]
+        assert value(samples, "ors_sessions_created_total", environment=ENVIRONMENT) == sessions
+        assert total(samples, "ors_tool_calls_total", environment=ENVIRONMENT, outcome="ok") == 3 * sessions
+        assert total(samples, "ors_tool_calls_total", environment=ENVIRONMENT) == 3 * sessions
+        assert value(samples, "ors_open_sessions") == 0
+    bridge = await scrape(topology.bridges[0].metrics_url)
+    assert value(bridge, "ors_bridge_requests_total", route="/{env}/call", method="POST", status="200") == 3 * EPISODES
+
+
+async def call_failure(coroutine) -> Exception:
+    """The exception a call must raise promptly; fails the test if it hangs or succeeds."""
+    try:
+        await asyncio.wait_for(coroutine, LOST_CALL_BOUND_S)
+    except asyncio.TimeoutError:
+        pytest.fail(f"a call on a lost session hung for {LOST_CALL_BOUND_S} s")
+    except Exception as exc:
+        return exc
+    pytest.fail("a call on a lost session succeeded")
+
+
+async def open_sessions_on_every_backend(env, stack: contextlib.AsyncExitStack, victim_pid: int) -> list[tuple[object, int]]:
+    """Open sessions (each answers once, telling its backend) until some are on
+    the victim and some elsewhere; random ids spread fast, the bound is generous."""
+    held: list[tuple[object, int]] = []
+    for _ in range(100):
+        session = await stack.enter_async_context(env.session(split="train", index=0))
+        output = await session.call_tool("add", {"a": 1, "b": 1})
+        held.append((session, output.metadata["pid"]))
+        on_victim = sum(pid == victim_pid for _, pid in held)
+        if on_victim >= 2 and len(held) - on_victim >= 2:
+            break
+    return held
+
+
+async def test_a_dead_backend_loses_only_its_sessions_and_new_episodes_go_to_live_ones(topology: Topology) -> None:
+    victim = topology.backends[0]
+    async with ors_environment(topology) as env, contextlib.AsyncExitStack() as stack:
+        held = await open_sessions_on_every_backend(env, stack, victim.pid)
+        lost = [session for session, pid in held if pid == victim.pid]
+        kept = [(session, pid) for session, pid in held if pid != victim.pid]
+        assert len(lost) >= 2 and len(kept) >= 2
+
+        topology.kill_backend(0)  # SIGKILL: a crash, no teardown, no goodbye
+
+        for session in lost:
+            error = await call_failure(session.call_tool("add", {"a": 1, "b": 1}))
+            # nginx passes the call to the next backend on the ring, which does not hold the session.
+            message = str(error)
+            assert ("404" in message and "Active environment not found" in message) or "503" in message, message
+        for session, pid in kept:
+            output = await session.call_tool("add", {"a": 2, "b": 3})
+            assert (output.blocks[0].text, output.metadata["pid"]) == ("5", pid)
+
+    episodes = await run_episodes(topology, 30)
+    sessions_by_pid = assert_correct_and_affine(episodes)
+    assert set(sessions_by_pid) <= {backend.pid for backend in topology.backends[1:]}
