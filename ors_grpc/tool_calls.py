@@ -29,6 +29,8 @@ __all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask"]
 logger = logging.getLogger("ors_grpc.tool_calls")
 
 EPISODE_FINISHED = "episode finished"
+# Seconds `release` waits for cancelled tool calls to end.
+RELEASE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,10 @@ class ToolCallTask:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         return self._task.result()
 
-    def cancel(self) -> None:
+    def cancel(self) -> asyncio.Task[CallOutcome]:
+        """Cancel the tool's task; returns it, to wait for its end."""
         self._task.cancel()
+        return self._task
 
 
 class SessionToolCalls:
@@ -105,10 +109,12 @@ class SessionToolCalls:
             handle.cancel()
         self._evictions.clear()
         calls, self._calls = list(self._calls.values()), {}
-        for call in calls:
-            call.cancel()
-        for call in calls:
-            await asyncio.wait({call._task})
+        cancelled = {call.cancel() for call in calls if not call.done}
+        if cancelled:
+            # Bounded: a tool that swallows its cancellation must not hang deletion.
+            _, still_running = await asyncio.wait(cancelled, timeout=RELEASE_WAIT_S)
+            if still_running:
+                logger.warning("tool_calls_ignored_cancellation count=%d", len(still_running))
 
     def _on_done(self, task_id: str) -> None:
         self.last_completed = time.monotonic()
