@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
@@ -17,7 +19,7 @@ from typing import AsyncIterator, Iterator
 import pytest
 from ors.client import AsyncORS
 
-from deploy.nginx.run_topology import Topology, find_nginx
+from deploy.nginx.run_topology import REPO_ROOT, Topology, find_nginx
 from tests.metrics_scrape import scrape, total, value
 from tests.scaleout_env import TASKS
 
@@ -160,3 +162,15 @@ async def test_a_dead_backend_loses_only_its_sessions_and_new_episodes_go_to_liv
     episodes = await run_episodes(topology, 30)
     sessions_by_pid = assert_correct_and_affine(episodes)
     assert set(sessions_by_pid) <= {backend.pid for backend in topology.backends[1:]}
+
+
+def test_bench_scaleout_mode_runs_briefly() -> None:
+    """`python -m bench --scaleout` (bench/scaleout.py) starts both topologies and prints the ratio;
+    no timing assertion, only that it runs without errors."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--scaleout", "--workers", "2", "--warmup", "0", "--duration", "0.3"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "scaling ratio (2 backends vs 1)" in done.stdout, done.stdout
+    assert "first error" not in done.stdout, done.stdout
