@@ -221,18 +221,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quiet-reference", action="store_true",
                         help="run the reference with ORS_LOG_LEVEL=WARNING instead of its INFO default")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
+    parser.add_argument("--scaleout", action="store_true",
+                        help="instead: the same workload against 1 and 2 backends behind nginx (bench/scaleout.py)")
+    parser.add_argument("--scaleout-door", choices=("grpc", "http"), default="grpc",
+                        help="scale-out load through nginx directly (grpc) or through one bridge (http)")
+    parser.add_argument("--scaleout-backends", default="1,2", help="backend counts to compare (1,2)")
     args = parser.parse_args(argv)
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
     if unknown:
         parser.error(f"unknown doors: {', '.join(sorted(unknown))}")
     args.sessions = sorted(int(c) for c in args.sessions.split(",") if c)
+    args.scaleout_backends = sorted(int(c) for c in args.scaleout_backends.split(",") if c)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     print_header(args)
+    if args.scaleout:
+        from bench.scaleout import run
+        return run(args)
     results = {door: measure_door(door, args) for door in args.doors}
     print_load_table(results, args)
     if args.image_calls:
