@@ -7,6 +7,7 @@ status code, the message, and the `ors-error-reason` trailing metadata entry
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -104,6 +105,9 @@ def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
             outcome = error.reason_name
             await _abort(context, error)
         except grpc.aio.AbortError:
+            raise
+        except asyncio.CancelledError:
+            outcome = "CANCELLED"  # the client went away; a running tool goes on
             raise
         except Exception as exc:
             outcome = "INTERNAL"
