@@ -86,17 +86,26 @@ class EnvNames:
     """The backend's environment names, cached briefly for the default-env redirect.
 
     Not session state: the list only changes when the backend is redeployed.
+    Cached per API key, so that only a key the backend accepted is answered
+    from the cache: a request without the key gets the backend's 401, not a
+    redirect naming the environments.
     """
+
+    #: Distinct keys cached at most (keys are arbitrary when none is required).
+    MAX_KEYS = 16
 
     def __init__(self, stub: EnvironmentServiceStub, ttl_s: float) -> None:
         self._stub = stub
         self._ttl_s = ttl_s
-        self._names: list[str] = []
-        self._fetched_at = float("-inf")
+        self._by_key: dict[str, tuple[float, list[str]]] = {}
 
     async def get(self, metadata: Metadata) -> list[str]:
-        if time.monotonic() - self._fetched_at > self._ttl_s:
+        api_key = dict(metadata).get("x-api-key", "")
+        fetched_at, names = self._by_key.get(api_key, (float("-inf"), []))
+        if time.monotonic() - fetched_at > self._ttl_s:
             response = await self._stub.ListEnvironments(service_pb2.ListEnvironmentsRequest(), metadata=metadata)
-            self._names = [name.lower() for name in response.names]
-            self._fetched_at = time.monotonic()
-        return self._names
+            names = [name.lower() for name in response.names]
+            if len(self._by_key) >= self.MAX_KEYS:
+                self._by_key.clear()
+            self._by_key[api_key] = (time.monotonic(), names)
+        return names
