@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import sys
 from typing import Any, Sequence
@@ -187,6 +188,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     command = _serve if args.command == "serve" else _bridge
     asyncio.run(command(args))
+    _exit_despite_stuck_user_code()
+
+
+def _exit_despite_stuck_user_code() -> None:
+    """Exit now if synchronous user code still runs in worker threads.
+
+    Every session is torn down by now; such a thread (a sync tool that
+    ignores its episode's end) cannot be interrupted, and Python would wait
+    for it at exit, so a stop signal would not stop the process.
+    """
+    from .environment import busy_user_code_threads
+
+    stuck = busy_user_code_threads()
+    if stuck:
+        logger.warning("exiting_with_user_code_running threads=%d", stuck)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import (
@@ -43,7 +44,7 @@ from .types import (
     ToolSpec,
 )
 
-__all__ = ["Environment", "tool", "run_user_code"]
+__all__ = ["Environment", "busy_user_code_threads", "run_user_code", "tool"]
 
 T = TypeVar("T")
 logger = logging.getLogger("ors_grpc.environment")
@@ -55,11 +56,32 @@ _USER_CODE_THREADS = 64
 _executor: ThreadPoolExecutor | None = None
 
 
+_busy_threads = 0
+_busy_lock = threading.Lock()
+
+
 def _user_code_executor() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
         _executor = ThreadPoolExecutor(_USER_CODE_THREADS, thread_name_prefix="ors-user-code")
     return _executor
+
+
+def _counted(call: Callable[[], Any]) -> Any:
+    global _busy_threads
+    with _busy_lock:
+        _busy_threads += 1
+    try:
+        return call()
+    finally:
+        with _busy_lock:
+            _busy_threads -= 1
+
+
+def busy_user_code_threads() -> int:
+    """How many worker threads are running user code now (a sync tool or
+    setup that outlived its episode cannot be interrupted)."""
+    return _busy_threads
 
 
 async def run_user_code(fn: Callable[..., Any], *args: Any, sync_lock: asyncio.Lock | None = None) -> Any:
@@ -74,7 +96,7 @@ async def run_user_code(fn: Callable[..., Any], *args: Any, sync_lock: asyncio.L
         return await fn(*args)
     loop = asyncio.get_running_loop()
     async with sync_lock or contextlib.nullcontext():
-        result = await loop.run_in_executor(_user_code_executor(), functools.partial(fn, *args))
+        result = await loop.run_in_executor(_user_code_executor(), _counted, functools.partial(fn, *args))
     if inspect.isawaitable(result):
         result = await result
     return result

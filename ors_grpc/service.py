@@ -49,6 +49,11 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
             raise ValueError(f"duplicate environment {key!r}")
         if not env_cls.list_tools().tools:
             raise ValueError(f"Environment '{key}' has no tools defined. Add at least one @tool method.")
+        if not inspect.iscoroutinefunction(env_cls.list_splits) and not env_cls.list_splits():
+            raise ValueError(
+                f"Environment '{key}' has no splits defined. "
+                "Implement list_splits() to return at least one split."
+            )
         env_map[key] = env_cls
     if not env_map:
         raise ValueError("at least one environment is required")

@@ -26,6 +26,10 @@ __all__ = ["Session", "SessionTable", "redactor"]
 
 logger = logging.getLogger("ors_grpc.sessions")
 
+# Seconds deletion waits for a synchronous setup (which cannot be interrupted)
+# to end before giving up on tearing its environment down.
+SETUP_STOP_WAIT_S = 30.0
+
 
 def redactor(secret_values: Iterable[str]):
     """A function that masks the given secret values in a text (for logs)."""
@@ -60,6 +64,7 @@ class Session:
         # True while setup runs synchronous user code in a worker thread,
         # which cannot be interrupted (see SessionTable.delete).
         self.setup_in_thread = False
+        self.setup_abandoned = False
         self.last_active = time.monotonic()
 
     def touch(self) -> None:
@@ -174,7 +179,11 @@ class SessionTable:
             return
         if not session.setup_in_thread:
             task.cancel()
-        await asyncio.wait({task})
+        _, still_running = await asyncio.wait({task}, timeout=SETUP_STOP_WAIT_S)
+        if still_running:
+            # Its own task tears the environment down if setup ever ends well.
+            session.setup_abandoned = True
+            logger.warning("setup_still_running_after_delete waited_s=%s", SETUP_STOP_WAIT_S)
 
     async def _run_setup_step(self, session: Session, fn: Any) -> Any:
         session.setup_in_thread = not inspect.iscoroutinefunction(fn)
@@ -200,6 +209,8 @@ class SessionTable:
         else:
             session.env = env
             logger.debug("setup_completed duration_ms=%.1f", (time.monotonic() - started) * 1000)
+            if session.setup_abandoned:  # deletion stopped waiting for this setup
+                await self._tear_down(session)
         finally:
             session.ready.set()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import time
 
 from pydantic import BaseModel
 
@@ -167,3 +168,13 @@ class TeardownRecordingEnv(EchoEnv):
         if path:
             with open(path, "a", encoding="utf-8") as record:
                 record.write(f"teardown {self.task_spec.get('id')}\n")
+
+
+class BlockingToolEnv(EchoEnv):
+    """EchoEnv with a synchronous tool that blocks its thread for a while."""
+
+    @tool
+    def block(self, params: SleepInput) -> ToolOutput:
+        """Block the calling thread, then answer."""
+        time.sleep(params.seconds)
+        return ToolOutput(blocks=[TextBlock(text="unblocked")])

@@ -10,7 +10,7 @@ import grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
-from tests.conftest import call_tool, create_episode
+from tests.conftest import call_tool, create_episode, tool_call
 from tests.servers import ROOT, start_serve
 
 
@@ -25,6 +25,17 @@ async def test_sigterm_tears_down_every_session_and_exits_zero(tmp_path: Path) -
                 await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
         assert serve.stop() == 0
     assert sorted(record.read_text().splitlines()) == ["teardown 0", "teardown 1"]
+
+
+async def test_sigterm_stops_the_server_despite_a_stuck_sync_tool() -> None:
+    with start_serve("tests.environments:BlockingToolEnv") as serve:
+        async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            sid = await create_episode(stub, "blockingtoolenv")
+            call = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("block", {"seconds": 600})))
+            await call.read()  # the tool is dispatched; it blocks its thread
+            call.cancel()
+        assert serve.stop() == 0  # not killed: the stuck thread did not hold the exit
 
 
 async def test_serve_without_environment_runs_the_bundled_example() -> None:
