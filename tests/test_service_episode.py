@@ -64,9 +64,13 @@ async def test_full_episode_from_split_and_index(stub) -> None:
     await run_episode(stub, create)
 
 
-async def test_full_episode_against_serve_subprocess() -> None:
+async def test_full_episodes_against_serve_subprocess() -> None:
     with start_serve("tests.environments:EchoEnv") as serve:
         async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
             stub = pb_grpc.EnvironmentServiceStub(channel)
-            create = pb.CreateEpisodeRequest(task_index=pb.TaskIndex(split="train", index=0))
-            await run_episode(stub, create)
+            from_index = pb.CreateEpisodeRequest(task_index=pb.TaskIndex(split="train", index=0))
+            await run_episode(stub, from_index)
+            from_spec = pb.CreateEpisodeRequest(env_name="echoenv")
+            from_spec.task_spec.json = json.dumps(TRAIN_TASKS[0])
+            await run_episode(stub, from_spec)
+        assert serve.stop() == 0
