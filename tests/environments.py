@@ -14,7 +14,7 @@ import time
 
 from pydantic import BaseModel
 
-from ors_grpc import Environment, ImageBlock, ListToolsOutput, Split, TextBlock, ToolOutput, ToolSpec, tool
+from ors_grpc import Environment, ImageBlock, ListToolsOutput, TextBlock, ToolOutput, ToolSpec, tool
 
 TRAIN_TASKS = [
     {"id": 0, "question": "Say hello", "answer": "hello", "big": 2**70, "ratio": 1.0},
