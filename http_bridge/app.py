@@ -9,6 +9,7 @@ become HTTP statuses in the one error middleware (through
 from __future__ import annotations
 
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional
 
@@ -426,15 +427,21 @@ def create_app(
 
 
 async def start_bridge(
-    backend_target: str, host: str = "127.0.0.1", port: int = 8080, **options: Any
+    backend_target: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    ssl_context: Optional[ssl.SSLContext] = None,
+    **options: Any,
 ) -> tuple[web.AppRunner, int]:
     """Start the bridge on host:port (0 picks a free port); returns the runner and the bound port.
 
-    Stop it with `await runner.cleanup()`. `options` are `create_app`'s.
+    With `ssl_context` it serves HTTPS. Stop it with `await runner.cleanup()`.
+    `options` are `create_app`'s.
     """
     runner = web.AppRunner(create_app(backend_target, **options), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     bound_port = runner.addresses[0][1]
     return runner, bound_port

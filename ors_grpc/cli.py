@@ -18,6 +18,7 @@ import importlib
 import logging
 import os
 import signal
+import ssl
 import sys
 from typing import Any, Sequence
 
@@ -66,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
+    serve.add_argument("--tls-server-name", default="localhost",
+                       help="a name the certificate is valid for; the HTTP door checks it when it calls "
+                            "the gRPC port (default localhost)")
     serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
 
     bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
@@ -114,14 +118,13 @@ async def _start_metrics(host: str, metrics_port: int | None) -> Any:
 
 async def serve_until_signal(
     environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
-    metrics_port: int | None = None,
+    metrics_port: int | None = None, tls_server_name: str = "localhost",
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
-    announcing each door on stdout; then stop gracefully."""
+    announcing each door on stdout; then stop gracefully. With TLS both
+    doors serve it, from the same certificate and key."""
     from .server import create_server
 
-    if config.tls_cert and http_port is not None:
-        raise SystemExit("--http-port with TLS is not supported: run `ors-grpc bridge` separately")
     server, bound_port = await create_server(environments, f"{host}:{port}", config=config)
     _announce("gRPC", host, bound_port)
     runner: Any = None
@@ -133,6 +136,7 @@ async def serve_until_signal(
             runner, bound_http_port = await start_bridge(
                 _local_target(host, bound_port), host, http_port,
                 max_body_bytes=config.max_message_bytes, max_message_bytes=config.max_message_bytes,
+                **_bridge_tls_options(config, tls_server_name),
             )
             _announce("HTTP", host, bound_http_port)
         metrics_runner = await _start_metrics(host, metrics_port)
@@ -144,6 +148,17 @@ async def serve_until_signal(
         runners = [r for r in (runner, metrics_runner) if r is not None]
         await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
     logger.info("server_stopped")
+
+
+def _bridge_tls_options(config: Any, tls_server_name: str) -> dict[str, Any]:
+    """With TLS, the HTTP door serves HTTPS from the server's certificate and
+    key, and calls the gRPC port over TLS trusting that certificate file (so
+    it must hold the chain up to a trusted certificate) for `tls_server_name`."""
+    if not config.tls_cert:
+        return {}
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return {"ssl_context": context, "tls_root_cert": config.tls_cert, "tls_server_name": tls_server_name}
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -159,7 +174,8 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port)
+    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port,
+                             tls_server_name=args.tls_server_name)
 
 
 async def _bridge(args: argparse.Namespace) -> None:
