@@ -4,11 +4,14 @@ Same surface and defaults as the reference SDK (ors-sdk 0.1.0), so an
 environment written for `ors` runs here after changing only its import. One
 difference, invisible to authors: synchronous user code (constructors,
 `setup`, `teardown`, `get_prompt`, tools) runs in a worker thread, so a slow
-episode never blocks the event loop that serves every other session.
+episode never blocks the event loop that serves every other session (an
+episode's own sync code still runs one call at a time, as under the
+reference).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -23,13 +26,11 @@ from typing import (
     ClassVar,
     Optional,
     Sequence,
-    TypeVar,
     Union,
     get_type_hints,
     overload,
 )
 
-import asyncio
 from pydantic import BaseModel, ValidationError
 
 from .types import (
@@ -46,7 +47,6 @@ from .types import (
 
 __all__ = ["Environment", "busy_user_code_threads", "run_user_code", "tool"]
 
-T = TypeVar("T")
 logger = logging.getLogger("ors_grpc.environment")
 
 # User code may block for long (loading data, starting containers): give it a
