@@ -72,6 +72,20 @@ def _log_unexpected(method: str, exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class SessionCodeError(Exception):
+    """A session's user code raised: the original type and message, with the
+    session's secrets masked (the message reaches the client and the log)."""
+
+
+async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
+    """Run one of a session's user code functions (prompt, task tools)."""
+    try:
+        return await run_user_code(fn, sync_lock=session.sync_lock)
+    except Exception as exc:
+        # `from None`: the original, unmasked message must not reach the log.
+        raise SessionCodeError(f"{type(exc).__name__}: {session.redact(str(exc))}") from None
+
+
 def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Run a unary handler, mapping ORSError (and bugs) to statuses."""
 
@@ -251,13 +265,13 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     @_unary
     async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
         session, env = await self._sessions.ready(_session_id(request, context))
-        blocks = await run_user_code(env.get_prompt, sync_lock=session.sync_lock)
+        blocks = await _session_code(session, env.get_prompt)
         return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
 
     @_unary
     async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
         session, env = await self._sessions.ready(_session_id(request, context))
-        task_tools: ListToolsOutput = await run_user_code(env.list_task_tools, sync_lock=session.sync_lock)
+        task_tools: ListToolsOutput = await _session_code(session, env.list_task_tools)
         tools = ListToolsOutput(tools=env.list_tools().tools + task_tools.tools)
         return pb.ListTaskToolsResponse(tools=_convert.tool_specs_to_proto(tools))
 
