@@ -121,3 +121,13 @@ class LeakySetupEnv(ProbeEnv):
 
     def setup(self) -> None:
         raise RuntimeError(f"cannot log in with token {self.secrets.get(SECRET_NAME)}")
+
+
+class LeakyPromptEnv(ProbeEnv):
+    """Its prompt and task tools raise errors whose messages carry the secret."""
+
+    def get_prompt(self) -> list[TextBlock]:
+        raise RuntimeError(f"no prompt for token {self.secrets.get(SECRET_NAME)}")
+
+    async def list_task_tools(self):
+        raise KeyError(f"no tools for token {self.secrets.get(SECRET_NAME)}")

@@ -22,6 +22,7 @@ PROBE_ENVIRONMENTS = (
     "tests.reliability_environments:ProbeEnv",
     "tests.reliability_environments:LateFailingSetupEnv",
     "tests.reliability_environments:LeakySetupEnv",
+    "tests.reliability_environments:LeakyPromptEnv",
 )
 #: Upper bound of every wait for something the server does on its own.
 WAIT_S = 20.0

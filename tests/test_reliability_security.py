@@ -177,6 +177,7 @@ async def _http_episodes(http: aiohttp.ClientSession, said: Transcript) -> None:
         ("h-header", {"env_name": "probeenv", "task_spec": {"tag": "h"}}, {"X-Secrets": header}),
         ("h-body", {"env_name": "probeenv", "task_spec": {"tag": "b"}, "secrets": {SECRET_NAME: SECRET}}, {}),
         ("h-leaky", {"env_name": "leakysetupenv", "task_spec": {"tag": "l"}, "secrets": {SECRET_NAME: SECRET}}, {}),
+        ("h-prompt", {"env_name": "leakypromptenv", "task_spec": {"tag": "p"}, "secrets": {SECRET_NAME: SECRET}}, {}),
         # Malformed bodies that carry the secret: the 422 must not echo it.
         ("h-bad-1", {"task_spec": {}, "index": "x", "secrets": {SECRET_NAME: SECRET}}, {}),
         ("h-bad-2", {"task_spec": {}, "secrets": {SECRET_NAME: [SECRET]}}, {}),
@@ -185,13 +186,14 @@ async def _http_episodes(http: aiohttp.ClientSession, said: Transcript) -> None:
     for sid, body, headers in create:
         async with http.post("/create", json=body, headers={"X-Session-ID": sid, **headers}) as response:
             await said.http(response)
-    for sid in ("h-header", "h-body", "h-leaky"):
+    for sid in ("h-header", "h-body", "h-leaky", "h-prompt"):
         for name in ("leak", "echo_tag"):
             body = {"name": name, "input": {}}
             async with http.post("/probeenv/call", json=body, headers={"X-Session-ID": sid}) as response:
                 await said.http(response)
-        async with http.get("/probeenv/prompt", headers={"X-Session-ID": sid}) as response:
-            await said.http(response)
+        for path in ("/probeenv/prompt", "/probeenv/task_tools"):
+            async with http.get(path, headers={"X-Session-ID": sid}) as response:
+                await said.http(response)
         async with http.post("/delete", headers={"X-Session-ID": sid}) as response:
             await said.http(response)
 
@@ -201,11 +203,12 @@ async def _grpc_episodes(target: str, said: Transcript) -> None:
         from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 
         stub = pb_grpc.EnvironmentServiceStub(channel)
-        for sid, env_name in (("g-probe", "probeenv"), ("g-leaky", "leakysetupenv")):
+        for sid, env_name in (("g-probe", "probeenv"), ("g-leaky", "leakysetupenv"), ("g-prompt", "leakypromptenv")):
             request = pb.CreateEpisodeRequest(session_id=sid, env_name=env_name, secrets={SECRET_NAME: SECRET})
             request.task_spec.json = json.dumps({"tag": sid})
             said.grpc_message(await stub.CreateEpisode(request))
-            for call in (stub.CallTool(grpc_call_request(sid, "leak")), stub.GetPrompt(pb.GetPromptRequest(session_id=sid))):
+            for call in (stub.CallTool(grpc_call_request(sid, "leak")), stub.GetPrompt(pb.GetPromptRequest(session_id=sid)),
+                         stub.ListTaskTools(pb.ListTaskToolsRequest(session_id=sid))):
                 try:
                     if hasattr(call, "__aiter__"):
                         [said.grpc_message(event) async for event in call]
@@ -228,6 +231,7 @@ async def test_secrets_never_appear_in_logs_errors_or_responses(tmp_path: Path) 
     # The errors did happen and were logged and answered (masked) ...
     assert "tool_failed" in logged and "setup_failed" in logged and "level=DEBUG" in logged
     assert "tool failed with token ***" in told and "cannot log in with token ***" in told
+    assert "RuntimeError: no prompt for token ***" in told and "no tools for token ***" in told
     assert told.count("422") >= 3
     # ... and the secret is nowhere.
     for text, where in ((logged, "the server's output"), (told, "the responses")):
