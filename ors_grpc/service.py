@@ -69,6 +69,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
 
 def _log_unexpected(method: str, exc: Exception) -> str:
     logger.warning("rpc_error method=%s error_type=%s", method, type(exc).__name__, exc_info=exc)
+    if isinstance(exc, SessionCodeError):  # it names the user code's exception type already
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
