@@ -1,6 +1,6 @@
 """The ORS gRPC servicer: every RPC of ors.v1.EnvironmentService.
 
-Handlers speak `ORSError`; the `_unary`/`_streaming` wrappers turn it into a
+Handlers speak `ORSError`; `_answering` (around every handler) turns it into a
 status code, the message, and the `ors-error-reason` trailing metadata entry
 (see errors.py), and log one line per request.
 """
@@ -8,6 +8,7 @@ status code, the message, and the `ors-error-reason` trailing metadata entry
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -88,54 +89,49 @@ async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
         raise SessionCodeError(f"{type(exc).__name__}: {session.redact(str(exc))}") from None
 
 
+@contextlib.asynccontextmanager
+async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """Map what a handler raises to a status (ORSError with its reason, bugs
+    to INTERNAL) and log one line per request."""
+    started = time.monotonic()
+    outcome = "OK"
+    try:
+        yield
+    except ORSError as error:
+        outcome = error.reason_name
+        await _abort(context, error)
+    except grpc.aio.AbortError:
+        raise
+    except asyncio.CancelledError:
+        outcome = "CANCELLED"  # the client went away; a running tool goes on
+        raise
+    except Exception as exc:
+        outcome = "INTERNAL"
+        await context.abort(grpc.StatusCode.INTERNAL, _log_unexpected(method, exc))
+    finally:
+        logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
+                     method, outcome, (time.monotonic() - started) * 1000)
+
+
 def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Run a unary handler, mapping ORSError (and bugs) to statuses."""
+    """A unary handler answering through `_answering`."""
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        started = time.monotonic()
-        outcome = "OK"
-        try:
+        async with _answering(handler.__name__, context):
             return await handler(self, request, context)
-        except ORSError as error:
-            outcome = error.reason_name
-            await _abort(context, error)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            outcome = "INTERNAL"
-            await context.abort(grpc.StatusCode.INTERNAL, _log_unexpected(handler.__name__, exc))
-        finally:
-            logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
-                         handler.__name__, outcome, (time.monotonic() - started) * 1000)
 
     return wrapped
 
 
 def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-    """Run a server-streaming handler, mapping ORSError (and bugs) to statuses."""
+    """A server-streaming handler answering through `_answering`."""
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        started = time.monotonic()
-        outcome = "OK"
-        try:
+        async with _answering(handler.__name__, context):
             async for message in handler(self, request, context):
                 yield message
-        except ORSError as error:
-            outcome = error.reason_name
-            await _abort(context, error)
-        except grpc.aio.AbortError:
-            raise
-        except asyncio.CancelledError:
-            outcome = "CANCELLED"  # the client went away; a running tool goes on
-            raise
-        except Exception as exc:
-            outcome = "INTERNAL"
-            await context.abort(grpc.StatusCode.INTERNAL, _log_unexpected(handler.__name__, exc))
-        finally:
-            logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
-                         handler.__name__, outcome, (time.monotonic() - started) * 1000)
 
     return wrapped
 
