@@ -8,6 +8,7 @@ events, comment keepalives, and chunking of a long payload.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Awaitable, TypeVar
 
 from aiohttp import web
@@ -23,6 +24,8 @@ SSE_HEADERS = {
     "Connection": "keep-alive",
     "X-Accel-Buffering": "no",
 }
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 T = TypeVar("T")
 
@@ -47,9 +50,9 @@ class SSEWriter:
         await self._response.prepare(self._request)
 
     async def event(self, name: str, data: str) -> None:
-        # A newline inside data must become a new `data:` line; clients join
-        # the lines back with "\n".
-        lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+        # A line break inside data (SSE knows three) must become a new
+        # `data:` line; clients join the lines back with "\n".
+        lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
         await self._response.write(f"event: {name}\n{lines}\n".encode())
 
     async def comment(self, text: str = "ping") -> None:
