@@ -219,6 +219,16 @@ def test_every_rpc_answers_arbitrary_bytes_with_a_client_error(live: Live, chann
     _assert_grpc_client_error(code, details, method.name)
 
 
+@pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
+def test_request_bytes_that_do_not_parse_are_invalid_argument_on_every_rpc(channel: grpc.Channel, method: Any) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        _callable(channel, method)(b"\xff\xff\xff")
+    error = caught.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("malformed request message: ")
+    assert dict(error.trailing_metadata())["ors-error-reason"] == "ERROR_REASON_INVALID_REQUEST"
+
+
 JSON_TEXT = st.one_of(
     st.text(max_size=50),
     JSON_VALUES.map(json.dumps),
