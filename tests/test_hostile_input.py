@@ -72,6 +72,13 @@ async def _live_session(target: str) -> str:
         return await grpc_episode(stub, "live")
 
 
+@pytest.fixture(autouse=True)
+def still_serving(live: Live) -> Iterator[None]:
+    """After every test (all its examples): the server is alive and answers health on both doors."""
+    yield
+    _assert_still_serving(live)
+
+
 def _assert_still_serving(live: Live) -> None:
     assert live.serve.proc.poll() is None, "the server process died"
     status, body, _ = http_request(live, "GET", "/health", b"", {})
@@ -161,10 +168,6 @@ def test_arbitrary_paths_and_methods_are_never_a_server_error(live: Live, method
     target = "/" + urllib.parse.quote(path, safe="/")
     status, response_body, headers = http_request(live, method, target, body, {})
     _assert_client_error_with_detail(status, response_body, headers, f"{method} {target}")
-
-
-def test_the_server_still_serves_after_the_http_examples(live: Live) -> None:
-    _assert_still_serving(live)
 
 
 @pytest.mark.parametrize("route", [route for route in ROUTES if route[0] == "POST"])
@@ -295,10 +298,6 @@ def test_every_rpc_answers_well_typed_garbage_with_a_client_error(live: Live, ch
         _assert_grpc_client_error(code, details, method.name)
 
     check()
-
-
-def test_the_server_still_serves_after_the_grpc_examples(live: Live) -> None:
-    _assert_still_serving(live)
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
