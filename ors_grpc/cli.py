@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     bridge.add_argument("--host", default="127.0.0.1")
     bridge.add_argument("--http-port", type=int, default=8080)
     bridge.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    bridge.add_argument("--tls-cert", default=None, help="PEM certificate chain file: serve HTTPS")
+    bridge.add_argument("--tls-key", default=None, help="PEM private key file")
+    bridge.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
+                        help="reach the backend over TLS, trusting this PEM root certificate")
+    bridge.add_argument("--backend-tls-server-name", default=None,
+                        help="the name to check in the backend's certificate (default: the backend host)")
     bridge.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     return parser
 
@@ -156,9 +162,19 @@ def _bridge_tls_options(config: Any, tls_server_name: str) -> dict[str, Any]:
     it must hold the chain up to a trusted certificate) for `tls_server_name`."""
     if not config.tls_cert:
         return {}
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    context = _https_context(config.tls_cert, config.tls_key)
     return {"ssl_context": context, "tls_root_cert": config.tls_cert, "tls_server_name": tls_server_name}
+
+
+def _https_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """A server TLS context from PEM files, or None without them."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise SystemExit("TLS needs both --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -182,7 +198,9 @@ async def _bridge(args: argparse.Namespace) -> None:
     from http_bridge import start_bridge
 
     runner, http_port = await start_bridge(
-        args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes
+        args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes,
+        ssl_context=_https_context(args.tls_cert, args.tls_key),
+        tls_root_cert=args.backend_tls_root_cert, tls_server_name=args.backend_tls_server_name,
     )
     _announce("HTTP", args.host, http_port)
     metrics_runner = None
