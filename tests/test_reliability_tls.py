@@ -1,6 +1,6 @@
 """TLS on both doors of `ors-grpc serve --tls-cert F --tls-key F --http-port P`,
-with a self-signed certificate made in the test: gRPC over TLS, HTTPS, and
-plaintext refused on both ports.
+and on both hops of `ors-grpc bridge` alone, with a self-signed certificate
+made in the test: gRPC over TLS, HTTPS, and plaintext refused.
 
 TLS of the gRPC server alone: tests/test_service_server.py::test_tls_from_certificate_files.
 """
@@ -20,7 +20,7 @@ import pytest
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.reliability_helpers import PROBE_ENVIRONMENTS, grpc_call_request
-from tests.servers import start_serve
+from tests.servers import start_bridge, start_serve
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -42,6 +42,25 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return cert, key
 
 
+async def _https_episode(https_url: str, trust: ssl.SSLContext, tag: str) -> None:
+    async with aiohttp.ClientSession(base_url=https_url, connector=aiohttp.TCPConnector(ssl=trust)) as https:
+        body = {"env_name": "probeenv", "task_spec": {"tag": tag}}
+        async with https.post("/create", json=body, headers={"X-Session-ID": tag}) as response:
+            assert response.status == 200, await response.text()
+        call = {"name": "echo_tag", "input": {}}
+        async with https.post("/probeenv/call", json=call, headers={"X-Session-ID": tag}) as response:
+            assert f'"text":"{tag}"' in await response.text()
+        async with https.post("/delete", headers={"X-Session-ID": tag}) as response:
+            assert response.status == 200
+
+
+async def _plaintext_http_is_refused(http_url: str) -> None:
+    async with aiohttp.ClientSession(base_url=http_url) as plaintext:
+        with pytest.raises(aiohttp.ClientError):
+            async with plaintext.get("/health") as response:
+                await response.read()
+
+
 async def test_both_doors_serve_tls_from_the_command_line_certificate(certificate: tuple[Path, Path]) -> None:
     cert, key = certificate
     with start_serve(*PROBE_ENVIRONMENTS, "--http-port", "0", "--tls-cert", str(cert), "--tls-key", str(key)) as serve:
@@ -49,19 +68,8 @@ async def test_both_doors_serve_tls_from_the_command_line_certificate(certificat
         trust = ssl.create_default_context(cafile=str(cert))
 
         # HTTPS: a whole episode, through the bridge's TLS hop to the gRPC port.
-        async with aiohttp.ClientSession(base_url=https_url, connector=aiohttp.TCPConnector(ssl=trust)) as https:
-            body = {"env_name": "probeenv", "task_spec": {"tag": "over-https"}}
-            async with https.post("/create", json=body, headers={"X-Session-ID": "tls-http"}) as response:
-                assert response.status == 200, await response.text()
-            call = {"name": "echo_tag", "input": {}}
-            async with https.post("/probeenv/call", json=call, headers={"X-Session-ID": "tls-http"}) as response:
-                assert '"text":"over-https"' in await response.text()
-            async with https.post("/delete", headers={"X-Session-ID": "tls-http"}) as response:
-                assert response.status == 200
-        async with aiohttp.ClientSession(base_url=serve.http_url) as plaintext:
-            with pytest.raises(aiohttp.ClientError):
-                async with plaintext.get("/health") as response:
-                    await response.read()
+        await _https_episode(https_url, trust, "over-https")
+        await _plaintext_http_is_refused(serve.http_url)
 
         # gRPC over TLS: a whole episode; plaintext is refused.
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
@@ -78,3 +86,14 @@ async def test_both_doors_serve_tls_from_the_command_line_certificate(certificat
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await pb_grpc.EnvironmentServiceStub(channel).Health(pb.HealthRequest(), timeout=5)
             assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def test_the_bridge_alone_serves_https_and_reaches_a_tls_backend(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    with start_serve(*PROBE_ENVIRONMENTS, *tls) as backend:
+        backend_tls = ["--backend-tls-root-cert", str(cert), "--backend-tls-server-name", "localhost"]
+        with start_bridge(backend.grpc_target, *tls, *backend_tls) as bridge:
+            trust = ssl.create_default_context(cafile=str(cert))
+            await _https_episode(bridge.http_url.replace("http://", "https://"), trust, "bridge-over-tls")
+            await _plaintext_http_is_refused(bridge.http_url)
