@@ -17,10 +17,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 import grpc
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 __all__ = [
@@ -39,6 +38,9 @@ __all__ = [
     "timed_setup",
     "timed_tool_call",
 ]
+
+if TYPE_CHECKING:  # aiohttp is imported only to serve /metrics
+    from aiohttp import web
 
 T = TypeVar("T")
 
@@ -208,6 +210,8 @@ def _counted_stream(behavior: Callable[..., Any], method: str) -> Callable[..., 
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    from aiohttp import web
+
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -218,6 +222,8 @@ async def start_metrics_server(host: str = "127.0.0.1", port: int = 0) -> tuple[
     A port of its own, not a route on the ORS port: the ORS port faces agents,
     the metrics port faces the operator's scraper.
     """
+    from aiohttp import web
+
     app = web.Application()
     app.router.add_get("/metrics", _metrics)
     runner = web.AppRunner(app, access_log=None)
