@@ -1,5 +1,5 @@
-"""Scale-out: 3 `ors-grpc serve` backends behind nginx (consistent hash on x-session-id) behind one
-`ors-grpc bridge`, driven by the unmodified `ors.client` (ors-sdk).
+"""Scale-out: 3 `ors-grpc serve` backends behind nginx (consistent hash on x-session-id) behind two
+stateless `ors-grpc bridge` processes, driven by the unmodified `ors.client` (ors-sdk).
 
 Affinity is checked from two independent sides: every tool output carries the
 pid of the backend that ran it (tests/scaleout_env.py), and each backend's own
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 BACKENDS = 3
+BRIDGES = 2
 EPISODES = 300
 CONCURRENCY = 50
 ENVIRONMENT = "whoami"
@@ -46,13 +47,13 @@ class Episode:
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[Topology]:
-    with Topology(BACKENDS, 1, ("tests.scaleout_env:WhoAmI",)) as running:
+    with Topology(BACKENDS, BRIDGES, ("tests.scaleout_env:WhoAmI",)) as running:
         yield running
 
 
 @contextlib.asynccontextmanager
-async def ors_environment(topology: Topology) -> AsyncIterator[object]:
-    client = AsyncORS(base_url=topology.bridge_urls[0])
+async def ors_environment(topology: Topology, bridge: int = 0) -> AsyncIterator[object]:
+    client = AsyncORS(base_url=topology.bridge_urls[bridge])
     env = client.environment(ENVIRONMENT)
     try:
         yield env
@@ -75,14 +76,17 @@ async def run_episode(env, index: int) -> Episode:
 
 
 async def run_episodes(topology: Topology, count: int) -> list[Episode]:
+    """`count` episodes, CONCURRENCY at a time, alternating between the bridges."""
     limit = asyncio.Semaphore(CONCURRENCY)
 
-    async def bounded(env, index: int) -> Episode:
+    async def bounded(envs, index: int) -> Episode:
         async with limit:
-            return await run_episode(env, index)
+            return await run_episode(envs[index % len(envs)], index)
 
-    async with ors_environment(topology) as env:
-        return await asyncio.gather(*(bounded(env, index) for index in range(count)))
+    async with contextlib.AsyncExitStack() as stack:
+        envs = [await stack.enter_async_context(ors_environment(topology, bridge))
+                for bridge in range(len(topology.bridges))]
+        return await asyncio.gather(*(bounded(envs, index) for index in range(count)))
 
 
 def expected_answers(index: int) -> tuple[str, ...]:
@@ -111,8 +115,10 @@ async def test_300_episodes_each_session_on_one_backend_and_every_backend_used(t
         assert total(samples, "ors_tool_calls_total", environment=ENVIRONMENT, outcome="ok") == 3 * sessions
         assert total(samples, "ors_tool_calls_total", environment=ENVIRONMENT) == 3 * sessions
         assert value(samples, "ors_open_sessions") == 0
-    bridge = await scrape(topology.bridges[0].metrics_url)
-    assert value(bridge, "ors_bridge_requests_total", route="/{env}/call", method="POST", status="200") == 3 * EPISODES
+    for bridge in topology.bridges:  # each carried its half of the episodes
+        samples = await scrape(bridge.metrics_url)
+        calls = value(samples, "ors_bridge_requests_total", route="/{env}/call", method="POST", status="200")
+        assert calls == 3 * EPISODES / BRIDGES
 
 
 async def call_failure(coroutine) -> Exception:
