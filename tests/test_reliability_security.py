@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from http_bridge.app import create_app
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.reliability_environments import SECRET_NAME
 from tests.reliability_helpers import PROBE_ENVIRONMENTS, grpc_call_request, serve_probe
 from tests.servers import LISTENING, ROOT, STARTUP_TIMEOUT_S
@@ -200,8 +201,6 @@ async def _http_episodes(http: aiohttp.ClientSession, said: Transcript) -> None:
 
 async def _grpc_episodes(target: str, said: Transcript) -> None:
     async with grpc.aio.insecure_channel(target) as channel:
-        from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
-
         stub = pb_grpc.EnvironmentServiceStub(channel)
         for sid, env_name in (("g-probe", "probeenv"), ("g-leaky", "leakysetupenv"), ("g-prompt", "leakypromptenv")):
             request = pb.CreateEpisodeRequest(session_id=sid, env_name=env_name, secrets={SECRET_NAME: SECRET})
