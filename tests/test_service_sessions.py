@@ -266,14 +266,17 @@ async def test_max_sessions() -> None:
         await create_episode(stub)
 
 
-REAPING = ServerConfig(session_timeout_s=0.2, reaper_interval_s=0.05)
+# Short enough to see reaping, long enough for a client's next call to
+# arrive first even on a loaded machine.
+REAPING = ServerConfig(session_timeout_s=0.5, reaper_interval_s=0.05)
 
 
 async def test_reaper_tears_down_idle_sessions() -> None:
     TeardownEnv.reset()
     async with serving([TeardownEnv], REAPING) as stub:
         sid = await create_episode(stub, "teardownenv", task_spec={"id": 1})
-        await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+        # No further call: setup (instant) completes in the background, then
+        # the idle session is reaped.
         await asyncio.wait_for(TeardownEnv.teardown_event.wait(), WAIT_S)
         assert TeardownEnv.torn_down == [1]
         error = await expect_error(stub.Ping(pb.PingRequest(session_id=sid)))
@@ -286,7 +289,7 @@ async def test_session_with_call_in_flight_is_not_reaped() -> None:
         sid = await create_episode(stub, "teardownenv", task_spec={"id": 2})
         # The call outlives several timeouts; nothing else keeps the session
         # active. Reaping would have cancelled it (SESSION_DELETED).
-        _, event = await call_tool(stub, sid, "sleep", {"seconds": 1.0})
+        _, event = await call_tool(stub, sid, "sleep", {"seconds": 2.0})
         assert event.result.output.blocks[0].text.text == "slept"
         await asyncio.wait_for(TeardownEnv.teardown_event.wait(), WAIT_S)  # idle now: reaped
         assert TeardownEnv.torn_down == [2]
