@@ -7,7 +7,9 @@ on ``x-session-id``), and runs the benchmark's own load generator
 drives nginx directly with ``ors_grpc.client``, so what grows is the number of
 backends; door ``http`` puts one ``ors-grpc bridge`` in front and drives it
 with the same raw aiohttp code as the bridge figures (that single bridge
-process then bounds the throughput).
+process then bounds the throughput). ``--scaleout-step-ms N`` makes each
+``step`` spend N ms of CPU in the backend (``bench/busy_env.py``): the
+CPU-bound environments that more backends are for.
 
 The ratio is episodes/s with the most backends over episodes/s with one. On a
 machine whose cores are shared by the load generator, nginx and the backends
@@ -24,6 +26,8 @@ from bench.run import fmt_ms, run_load
 from deploy.nginx.run_topology import Topology, find_nginx
 
 ENVIRONMENT = "bench.env:BenchEnv"
+#: The same environment with CPU work in ``step`` (``--scaleout-step-ms``).
+BUSY_ENVIRONMENT = "bench.busy_env:BenchEnv"
 DOORS = ("grpc", "http")
 
 
@@ -57,7 +61,8 @@ def with_children(pid: int) -> list[int]:
 
 def measure(backends: int, args: argparse.Namespace) -> ScaleoutResult:
     bridges = 1 if args.scaleout_door == "http" else 0
-    with Topology(backends, bridges, (ENVIRONMENT,), access_log=False) as topology:
+    environment = BUSY_ENVIRONMENT if args.scaleout_step_ms else ENVIRONMENT
+    with Topology(backends, bridges, (environment,), access_log=False) as topology:
         pids = {"backends": [b.pid for b in topology.backends], "nginx": with_children(topology.nginx.pid),
                 "bridge": [b.child.pid for b in topology.bridges]}
         before = {role: sum(cpu_seconds(pid) for pid in group) for role, group in pids.items()}
@@ -75,8 +80,9 @@ def measure(backends: int, args: argparse.Namespace) -> ScaleoutResult:
 
 
 def print_table(results: list[ScaleoutResult], args: argparse.Namespace) -> None:
+    work = f", {args.scaleout_step_ms:g} ms of CPU per step" if args.scaleout_step_ms else ""
     print(f"\n## Scale-out behind nginx: door {args.scaleout_door}, {args.workers} workers,"
-          f" {args.duration:g} s (after {args.warmup:g} s warm-up)")
+          f" {args.duration:g} s (after {args.warmup:g} s warm-up){work}")
     print(f"{'backends':>8} {'episodes/s':>10} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
           f" {'backends CPU':>12} {'nginx CPU':>9} {'bridge CPU':>10} {'loadgen CPU':>11}")
     for res in results:
@@ -101,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if find_nginx() is None:
         print("scale-out skipped: nginx is not installed (apt-get install -y nginx)")
         return 1
+    # The backends inherit it: bench/busy_env.py reads it at import.
+    os.environ["ORS_BENCH_STEP_CPU_MS"] = str(args.scaleout_step_ms)
     results = [measure(count, args) for count in args.scaleout_backends]
     print_table(results, args)
     return 0
