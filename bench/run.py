@@ -226,6 +226,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scaleout-door", choices=("grpc", "http"), default="grpc",
                         help="scale-out load through nginx directly (grpc) or through one bridge (http)")
     parser.add_argument("--scaleout-backends", default="1,2", help="backend counts to compare (1,2)")
+    parser.add_argument("--scaleout-step-ms", type=float, default=0.0,
+                        help="CPU milliseconds each scale-out step spends in the backend (0)")
     args = parser.parse_args(argv)
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
