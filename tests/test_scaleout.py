@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 from ors.client import AsyncORS
 
@@ -168,6 +169,16 @@ async def test_a_dead_backend_loses_only_its_sessions_and_new_episodes_go_to_liv
     episodes = await run_episodes(topology, 30)
     sessions_by_pid = assert_correct_and_affine(episodes)
     assert set(sessions_by_pid) <= {backend.pid for backend in topology.backends[1:]}
+
+
+async def test_with_every_backend_dead_the_bridge_answers_503_with_retry_after(topology: Topology) -> None:
+    for index in range(len(topology.backends)):
+        topology.kill_backend(index)
+    async with aiohttp.ClientSession(base_url=topology.bridge_urls[0]) as http:
+        async with http.get("/list_environments") as response:
+            assert (response.status, response.headers.get("Retry-After")) == (503, "1")
+        async with http.get("/whoami/prompt", headers={"X-Session-ID": "any-session"}) as response:
+            assert (response.status, response.headers.get("Retry-After")) == (503, "1")
 
 
 def test_bench_scaleout_mode_runs_briefly() -> None:
