@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
@@ -191,3 +195,34 @@ def test_bench_scaleout_mode_runs_briefly() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "scaling ratio (2 backends vs 1)" in done.stdout, done.stdout
     assert "first error" not in done.stdout, done.stdout
+
+
+def read_until(stream, marker: str) -> list[str]:
+    """Lines of `stream` up to the one starting with `marker` (bounded by the test timeout)."""
+    lines = []
+    for line in stream:
+        lines.append(line.rstrip("\n"))
+        if line.startswith(marker):
+            return lines
+    raise AssertionError(f"the script ended before {marker!r}: {lines}")
+
+
+def test_run_topology_script_serves_and_stops_everything_on_sigint() -> None:
+    script = REPO_ROOT / "deploy" / "nginx" / "run_topology.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--backends", "2"], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        lines = read_until(proc.stdout, "running;")
+        bridge_url = next(line.split()[2].rstrip(",") for line in lines if line.startswith("bridge-0:"))
+        backend_pids = [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("backend-")]
+        with urllib.request.urlopen(f"{bridge_url}/list_environments", timeout=10) as response:
+            assert json.load(response) == ["arithmetic"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for pid in backend_pids:  # reaped by the script: gone, not zombies
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
