@@ -31,6 +31,9 @@ __all__ = ["DEFAULT_MAX_BYTES", "create_app", "start_bridge"]
 logger = logging.getLogger("http_bridge")
 
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+#: Seconds an unread request body is drained after the answer (so that the
+#: client reads a 413 rather than a reset connection).
+LINGER_S = 1.0
 
 _UNKNOWN_TASK_ID = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID)
 
@@ -439,7 +442,9 @@ async def start_bridge(
     With `ssl_context` it serves HTTPS. Stop it with `await runner.cleanup()`.
     `options` are `create_app`'s.
     """
-    runner = web.AppRunner(create_app(backend_target, **options), access_log=None)
+    # A refused (413) body is drained for at most LINGER_S, not aiohttp's 10 s,
+    # so that it cannot hold up a graceful stop.
+    runner = web.AppRunner(create_app(backend_target, **options), access_log=None, lingering_time=LINGER_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
