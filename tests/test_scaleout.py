@@ -37,8 +37,8 @@ BRIDGES = 2
 EPISODES = 300
 CONCURRENCY = 50
 ENVIRONMENT = "whoami"
-#: Bound on a call to a lost session: it must fail, not hang (the client
-#: retries a 404 twice with 1 s and 2 s pauses before giving up).
+#: Bound on a call to a lost session: it must fail, not hang. (ors.client's
+#: call_tool raises on a 404 at once; its other requests retry one twice, 1 s and 2 s apart.)
 LOST_CALL_BOUND_S = 30.0
 
 
