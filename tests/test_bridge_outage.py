@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from tests.bridge_http import call, create_episode
+from tests.bridge_http import call, create_episode, parse_sse
 from tests.servers import start_bridge, start_serve
 
 ENVIRONMENT = "tests.environments:EchoEnv"
@@ -48,3 +48,17 @@ async def test_backend_down_is_503_with_retry_after_and_the_bridge_recovers() ->
                         assert response.status == 404
                     sid = await create_episode(http, {"split": "train", "index": 1})
                     assert (await call(http, sid, "echo", {"text": "back"})).result()["ok"] is True
+
+
+async def test_a_call_in_flight_when_the_backend_dies_ends_without_a_result() -> None:
+    with start_serve(ENVIRONMENT) as backend, start_bridge(backend.grpc_target) as bridge:
+        async with aiohttp.ClientSession(base_url=bridge.http_url) as http:
+            sid = await create_episode(http, {"split": "train", "index": 0})
+            body = {"name": "sleep", "input": {"seconds": 30}}
+            async with http.post("/echoenv/call", json=body, headers={"X-Session-ID": sid}) as response:
+                assert await response.content.readline() == b"event: task_id\n"
+                backend.proc.kill()  # a crash, not a graceful stop
+                rest = parse_sse((await response.content.read()).decode())
+            # No `end` and no `error`: the clients treat that as a dropped
+            # stream and retry with the task id, rather than giving up.
+            assert [name for name in rest.names() if name in ("end", "error")] == []
