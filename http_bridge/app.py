@@ -167,49 +167,49 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def list_environments(request: web.Request) -> web.Response:
-    request_ = service_pb2.ListEnvironmentsRequest()
-    response = await _stub(request).ListEnvironments(request_, metadata=call_metadata(request))
+    rpc_request = service_pb2.ListEnvironmentsRequest()
+    response = await _stub(request).ListEnvironments(rpc_request, metadata=call_metadata(request))
     return _json(list(response.names))
 
 
 async def list_tools(request: web.Request) -> web.Response:
-    request_ = service_pb2.ListToolsRequest(env_name=request.match_info["env"])
-    response = await _stub(request).ListTools(request_, metadata=call_metadata(request))
+    rpc_request = service_pb2.ListToolsRequest(env_name=request.match_info["env"])
+    response = await _stub(request).ListTools(rpc_request, metadata=call_metadata(request))
     return _json(convert.tools_json(response.tools))
 
 
 async def list_splits(request: web.Request) -> web.Response:
-    request_ = service_pb2.ListSplitsRequest(env_name=request.match_info["env"])
-    response = await _stub(request).ListSplits(request_, metadata=call_metadata(request))
+    rpc_request = service_pb2.ListSplitsRequest(env_name=request.match_info["env"])
+    response = await _stub(request).ListSplits(rpc_request, metadata=call_metadata(request))
     return _json([convert.split_json(split) for split in response.splits])
 
 
 async def list_tasks(request: web.Request) -> web.Response:
     body = await _body(request, convert.SplitBody)
-    request_ = service_pb2.ListTasksRequest(env_name=request.match_info["env"], split=body.split)
-    response = await _stub(request).ListTasks(request_, metadata=call_metadata(request))
+    rpc_request = service_pb2.ListTasksRequest(env_name=request.match_info["env"], split=body.split)
+    response = await _stub(request).ListTasks(rpc_request, metadata=call_metadata(request))
     return _json({"tasks": [convert.task_json(task) for task in response.tasks], "env_name": response.env_name})
 
 
 async def num_tasks(request: web.Request) -> web.Response:
     body = await _body(request, convert.SplitBody)
-    request_ = service_pb2.NumTasksRequest(env_name=request.match_info["env"], split=body.split)
-    response = await _stub(request).NumTasks(request_, metadata=call_metadata(request))
+    rpc_request = service_pb2.NumTasksRequest(env_name=request.match_info["env"], split=body.split)
+    response = await _stub(request).NumTasks(rpc_request, metadata=call_metadata(request))
     return _json({"num_tasks": response.num_tasks})
 
 
 async def get_task(request: web.Request) -> web.Response:
     body = await _body(request, convert.TaskBody)
-    request_ = convert.task_request(request.match_info["env"], body)
-    response = await _stub(request).GetTask(request_, metadata=call_metadata(request))
+    rpc_request = convert.task_request(request.match_info["env"], body)
+    response = await _stub(request).GetTask(rpc_request, metadata=call_metadata(request))
     # `env_name` is not in the reference's answer, but the openreward client reads it.
     return _json({"task": convert.task_json(response.task), "env_name": request.match_info["env"]})
 
 
 async def get_task_range(request: web.Request) -> web.Response:
     body = await _body(request, convert.TaskRangeBody)
-    request_ = convert.task_range_request(request.match_info["env"], body)
-    response = await _stub(request).GetTaskRange(request_, metadata=call_metadata(request))
+    rpc_request = convert.task_range_request(request.match_info["env"], body)
+    response = await _stub(request).GetTaskRange(rpc_request, metadata=call_metadata(request))
     tasks = [convert.task_json(task) for task in response.tasks]
     # `env_name` is not in the reference's answer, but the openreward client reads it.
     return _json({"tasks": tasks, "env_name": request.match_info["env"]})
@@ -222,8 +222,8 @@ async def get_task_range(request: web.Request) -> web.Response:
 
 async def create_session(request: web.Request) -> web.StreamResponse:
     """A new session id: SSE (what both Python clients read) or JSON, by Accept."""
-    request_ = service_pb2.CreateSessionIdRequest()
-    response = await _stub(request).CreateSessionId(request_, metadata=call_metadata(request))
+    rpc_request = service_pb2.CreateSessionIdRequest()
+    response = await _stub(request).CreateSessionId(rpc_request, metadata=call_metadata(request))
     if not wants_event_stream(request):
         return _json({"sid": response.session_id})
     writer = SSEWriter(request)
@@ -239,43 +239,43 @@ async def create_episode(request: web.Request) -> web.Response:
     session_id = _session_id(request)
     body = convert.parse_body(raw, convert.CreateBody)
     header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
-    request_ = convert.create_episode_request(session_id, body, header_secrets)
-    await _stub(request).CreateEpisode(request_, metadata=call_metadata(request, session_id))
+    rpc_request = convert.create_episode_request(session_id, body, header_secrets)
+    await _stub(request).CreateEpisode(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"sid": session_id})
 
 
 async def ping(request: web.Request) -> web.Response:
     session_id = _session_id(request)
-    request_ = service_pb2.PingRequest(session_id=session_id)
-    response = await _stub(request).Ping(request_, metadata=call_metadata(request, session_id))
+    rpc_request = service_pb2.PingRequest(session_id=session_id)
+    response = await _stub(request).Ping(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"status": response.status or "ok"})
 
 
 async def delete_episode(request: web.Request) -> web.Response:
     session_id = _session_id(request)
-    request_ = service_pb2.DeleteEpisodeRequest(session_id=session_id)
-    await _stub(request).DeleteEpisode(request_, metadata=call_metadata(request, session_id))
+    rpc_request = service_pb2.DeleteEpisodeRequest(session_id=session_id)
+    await _stub(request).DeleteEpisode(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"sid": session_id})
 
 
 async def delete_session(request: web.Request) -> web.Response:
     session_id = _session_id(request)
-    request_ = service_pb2.DeleteSessionIdRequest(session_id=session_id)
-    await _stub(request).DeleteSessionId(request_, metadata=call_metadata(request, session_id))
+    rpc_request = service_pb2.DeleteSessionIdRequest(session_id=session_id)
+    await _stub(request).DeleteSessionId(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"sid": session_id})
 
 
 async def get_prompt(request: web.Request) -> web.Response:
     session_id = _session_id(request)
-    request_ = service_pb2.GetPromptRequest(session_id=session_id)
-    response = await _stub(request).GetPrompt(request_, metadata=call_metadata(request, session_id))
+    rpc_request = service_pb2.GetPromptRequest(session_id=session_id)
+    response = await _stub(request).GetPrompt(rpc_request, metadata=call_metadata(request, session_id))
     return _json(convert.blocks_json(response.blocks))
 
 
 async def task_tools(request: web.Request) -> web.Response:
     session_id = _session_id(request)
-    request_ = service_pb2.ListTaskToolsRequest(session_id=session_id)
-    response = await _stub(request).ListTaskTools(request_, metadata=call_metadata(request, session_id))
+    rpc_request = service_pb2.ListTaskToolsRequest(session_id=session_id)
+    response = await _stub(request).ListTaskTools(rpc_request, metadata=call_metadata(request, session_id))
     return _json(convert.tools_json(response.tools))
 
 
