@@ -52,6 +52,7 @@ class BridgeConfig:
     env_cache_ttl_s: float
     tls_root_cert: Optional[str]
     tls_server_name: Optional[str]
+    channel: Optional[Any]
 
 
 CONFIG = web.AppKey("config", BridgeConfig)
@@ -380,9 +381,9 @@ def _routes() -> list[web.RouteDef]:
 
 
 async def _backend_channel(app: web.Application) -> Any:
-    """One long-lived gRPC channel for the app's lifetime."""
+    """One long-lived gRPC channel for the app's lifetime (or the given one)."""
     config = app[CONFIG]
-    channel = open_channel(
+    channel = config.channel or open_channel(
         config.backend_target,
         max_message_bytes=config.max_message_bytes,
         tls_root_cert=config.tls_root_cert,
@@ -403,13 +404,15 @@ def create_app(
     env_cache_ttl_s: float = 5.0,
     tls_root_cert: Optional[str] = None,
     tls_server_name: Optional[str] = None,
+    channel: Optional[Any] = None,
 ) -> web.Application:
     """The HTTP/SSE bridge in front of the gRPC backend at `backend_target` ("host:port").
 
     `max_body_bytes` bounds request bodies (413 above it); `max_message_bytes`
     bounds gRPC messages both ways; a `: ping` comment is sent every
     `keepalive_interval_s` while a tool runs. With `tls_root_cert` (a PEM
-    path) the backend is reached over TLS.
+    path) the backend is reached over TLS. A given `channel` (such as
+    `ors_grpc.server.in_process_channel(server)`) is used instead of opening one.
     """
     app = web.Application(
         middlewares=[record_metrics, errors_as_json, limit_body, default_env_redirect],
@@ -423,6 +426,7 @@ def create_app(
         env_cache_ttl_s=env_cache_ttl_s,
         tls_root_cert=tls_root_cert,
         tls_server_name=tls_server_name,
+        channel=channel,
     )
     app.cleanup_ctx.append(_backend_channel)
     app.add_routes(_routes())

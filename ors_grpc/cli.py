@@ -67,9 +67,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
-    serve.add_argument("--tls-server-name", default="localhost",
-                       help="a name the certificate is valid for; the HTTP door checks it when it calls "
-                            "the gRPC port (default localhost)")
     serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
 
     bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
@@ -124,12 +121,12 @@ async def _start_metrics(host: str, metrics_port: int | None) -> Any:
 
 async def serve_until_signal(
     environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
-    metrics_port: int | None = None, tls_server_name: str = "localhost",
+    metrics_port: int | None = None,
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
     announcing each door on stdout; then stop gracefully. With TLS both
     doors serve it, from the same certificate and key."""
-    from .server import create_server
+    from .server import create_server, in_process_channel
 
     server, bound_port = await create_server(environments, f"{host}:{port}", config=config)
     _announce("gRPC", host, bound_port)
@@ -139,10 +136,11 @@ async def serve_until_signal(
         if http_port is not None:
             from http_bridge import start_bridge
 
+            # Same process: the bridge calls the service without a socket.
             runner, bound_http_port = await start_bridge(
                 _local_target(host, bound_port), host, http_port,
-                max_body_bytes=config.max_message_bytes, max_message_bytes=config.max_message_bytes,
-                **_bridge_tls_options(config, tls_server_name),
+                channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
+                ssl_context=_https_context(config.tls_cert, config.tls_key),
             )
             _announce("HTTP", host, bound_http_port)
         metrics_runner = await _start_metrics(host, metrics_port)
@@ -154,16 +152,6 @@ async def serve_until_signal(
         runners = [r for r in (runner, metrics_runner) if r is not None]
         await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
     logger.info("server_stopped")
-
-
-def _bridge_tls_options(config: Any, tls_server_name: str) -> dict[str, Any]:
-    """With TLS, the HTTP door serves HTTPS from the server's certificate and
-    key, and calls the gRPC port over TLS trusting that certificate file (so
-    it must hold the chain up to a trusted certificate) for `tls_server_name`."""
-    if not config.tls_cert:
-        return {}
-    context = _https_context(config.tls_cert, config.tls_key)
-    return {"ssl_context": context, "tls_root_cert": config.tls_cert, "tls_server_name": tls_server_name}
 
 
 def _https_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -190,8 +178,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port,
-                             tls_server_name=args.tls_server_name)
+    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port)
 
 
 async def _bridge(args: argparse.Namespace) -> None:

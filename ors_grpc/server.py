@@ -25,10 +25,11 @@ from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
 from . import metrics
 from .errors import ERROR_REASON_METADATA_KEY
+from .inprocess import InProcessChannel
 from .service import EnvironmentService
 from .sessions import SessionTable
 
-__all__ = ["API_KEY_METADATA_KEY", "Server", "ServerConfig", "create_server"]
+__all__ = ["API_KEY_METADATA_KEY", "Server", "ServerConfig", "create_server", "in_process_channel"]
 
 API_KEY_METADATA_KEY = "x-api-key"
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
@@ -229,6 +230,10 @@ async def create_server(
         ],
     )
     pb_grpc.add_EnvironmentServiceServicer_to_server(service, server)
+    # For a bridge in this process (see in_process_channel).
+    server._ors_in_process_channel = InProcessChannel(  # type: ignore[attr-defined]
+        service, pb_grpc.add_EnvironmentServiceServicer_to_server, interceptors
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -247,6 +252,13 @@ async def create_server(
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     _stop_also_ends_sessions(server, sessions, health_servicer)
     return server, port
+
+
+def in_process_channel(server: grpc.aio.Server) -> InProcessChannel:
+    """A channel to `server`'s ORS service for a client in the same event loop
+    (the HTTP bridge of `ors-grpc serve --http-port`): same handlers and
+    interceptors, no socket. `server` must come from `create_server`."""
+    return server._ors_in_process_channel  # type: ignore[attr-defined]
 
 
 def _stop_also_ends_sessions(

@@ -1,0 +1,244 @@
+"""A gRPC channel to a servicer in the same process and event loop.
+
+`ors-grpc serve --http-port` runs the HTTP bridge beside the gRPC service.
+Over a loopback socket every call would be serialized and parsed twice more
+and cross HTTP/2 twice, on the one event loop that also serves both doors.
+This channel gives the bridge the same generated stub, hands the request
+messages to the same method handlers through the same server interceptors
+(metrics, API key), and fails with the same `grpc.aio.AioRpcError` (code,
+details, `ors-error-reason` trailing metadata), so the bridge stays a
+translator onto the gRPC contract and cannot tell the difference.
+
+Only the transport is skipped: no message size limits apply, and messages
+are passed by reference (neither side mutates what it has sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any, AsyncIterator, Callable, NamedTuple, Optional, Sequence
+
+import grpc
+
+__all__ = ["InProcessChannel"]
+
+Metadata = Sequence[tuple[str, str]]
+
+
+class _CallDetails(NamedTuple):
+    """What server interceptors see of a call (grpc.HandlerCallDetails)."""
+
+    method: str
+    invocation_metadata: tuple[tuple[str, str], ...]
+
+
+class _HandlerRegistry:
+    """Collects the method handlers a generated `add_*Servicer_to_server` registers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, generic_handlers: Sequence[Any]) -> None:
+        pass  # the same handlers arrive through add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        for name, handler in handlers.items():
+            self.handlers[f"/{service}/{name}"] = handler
+
+
+class _Abort(grpc.aio.AbortError):
+    """Raised by `_Context.abort`, as grpc.aio raises AbortError."""
+
+
+class _Context:
+    """The part of grpc.aio.ServicerContext the service and interceptors use."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+        self._code: Optional[grpc.StatusCode] = None
+        self._details = ""
+        self._trailing: tuple[tuple[str, str], ...] = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> None:
+        self._code, self._details = code, details
+        if trailing_metadata:
+            self._trailing = tuple(trailing_metadata)
+        raise _Abort(details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
+        self._trailing = tuple(trailing_metadata)
+
+    def code(self) -> Optional[grpc.StatusCode]:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
+
+    def peer(self) -> str:
+        return "in-process"
+
+    def time_remaining(self) -> None:
+        return None
+
+    def failed(self) -> bool:
+        return self._code not in (None, grpc.StatusCode.OK)
+
+    def rpc_error(self, code: Optional[grpc.StatusCode] = None, details: Optional[str] = None) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(
+            code or self._code or grpc.StatusCode.UNKNOWN,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(*self._trailing),
+            details=self._details if details is None else details,
+        )
+
+
+def _unexpected(context: _Context, exc: BaseException) -> grpc.aio.AioRpcError:
+    # As on the wire: an exception that is not an abort is UNKNOWN.
+    return context.rpc_error(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+
+
+class _StreamCall:
+    """A server-streaming call: the handler runs in its own task, as on a
+    server, and `read()` takes its messages in order (grpc.aio's API)."""
+
+    _END = object()
+
+    def __init__(self, produce: Callable[[_Context], AsyncIterator[Any]], context: _Context) -> None:
+        self._context = context
+        self._messages: asyncio.Queue[Any] = asyncio.Queue()
+        self._error: Optional[grpc.aio.AioRpcError] = None
+        self._ended = False
+        self._task = asyncio.get_running_loop().create_task(self._run(produce))
+
+    async def _run(self, produce: Callable[[_Context], AsyncIterator[Any]]) -> None:
+        try:
+            async for message in produce(self._context):
+                self._messages.put_nowait(message)
+            if self._context.failed():
+                self._error = self._context.rpc_error()
+        except _Abort:
+            self._error = self._context.rpc_error()
+        except grpc.aio.AioRpcError as exc:  # no such method
+            self._error = exc
+        except Exception as exc:
+            self._error = _unexpected(self._context, exc)
+        finally:
+            self._messages.put_nowait(self._END)
+
+    async def read(self) -> Any:
+        if self._ended:
+            return grpc.aio.EOF
+        message = await self._messages.get()
+        if message is not self._END:
+            return message
+        self._ended = True
+        if self._error is not None:
+            raise self._error
+        return grpc.aio.EOF
+
+    def cancel(self) -> bool:
+        """Cancel the handler (a tool call's own task is not the handler's)."""
+        return self._task.cancel()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        while (message := await self.read()) is not grpc.aio.EOF:
+            yield message
+
+
+class InProcessChannel:
+    """A `grpc.aio.Channel` stand-in for generated stubs: calls go straight to
+    `servicer` (added with `add_servicer`, the generated
+    `add_*Servicer_to_server` function), through `interceptors` in order."""
+
+    def __init__(
+        self,
+        servicer: Any,
+        add_servicer: Callable[[Any, Any], None],
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
+        registry = _HandlerRegistry()
+        add_servicer(servicer, registry)
+        self._handlers = registry.handlers
+        self._interceptors = list(interceptors)
+
+    async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
+        async def lookup(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
+            return self._handlers.get(details.method)
+
+        continuation: Callable[[_CallDetails], Any] = lookup
+        for interceptor in reversed(self._interceptors):
+            continuation = _chained(interceptor, continuation)
+        handler = await continuation(_CallDetails(method, metadata))
+        if handler is None:
+            raise _Context(metadata).rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {method}")
+        return handler
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        async def call(request: Any, *, metadata: Optional[Metadata] = None, **_: Any) -> Any:
+            invocation_metadata = tuple(metadata or ())
+            handler = await self._handler(method, invocation_metadata)
+            context = _Context(invocation_metadata)
+            try:
+                response = handler.unary_unary(request, context)
+                if inspect.isawaitable(response):
+                    response = await response
+            except _Abort:
+                raise context.rpc_error() from None
+            except Exception as exc:
+                raise _unexpected(context, exc) from exc
+            if context.failed():
+                raise context.rpc_error()
+            return response
+
+        return call
+
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Callable[..., _StreamCall]:
+        def call(request: Any, *, metadata: Optional[Metadata] = None, **_: Any) -> _StreamCall:
+            invocation_metadata = tuple(metadata or ())
+
+            async def produce(context: _Context) -> AsyncIterator[Any]:
+                handler = await self._handler(method, invocation_metadata)
+                messages = handler.unary_stream(request, context)
+                if inspect.isawaitable(messages):  # a handler that only aborts or writes
+                    await messages
+                    return
+                async for message in messages:
+                    yield message
+
+            return _StreamCall(produce, _Context(invocation_metadata))
+
+        return call
+
+    async def close(self, grace: Optional[float] = None) -> None:
+        """Nothing to close: the server owns the servicer."""
+
+    async def __aenter__(self) -> "InProcessChannel":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+
+def _chained(
+    interceptor: grpc.aio.ServerInterceptor, continuation: Callable[[_CallDetails], Any]
+) -> Callable[[_CallDetails], Any]:
+    async def next_handler(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
+        return await interceptor.intercept_service(continuation, details)
+
+    return next_handler
