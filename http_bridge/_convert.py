@@ -253,7 +253,8 @@ def _block(block: types_pb2.Block) -> dict[str, Any]:
     if block.WhichOneof("block") == "image":
         image = block.image
         return {
-            "data": base64.b64encode(image.data).decode("ascii"),
+            # The base64 alphabet needs no JSON escaping: skip the encoder's scan.
+            "data": Raw('"' + base64.b64encode(image.data).decode("ascii") + '"'),
             "mimeType": image.mime_type,
             "detail": raw_json(image.detail, image.HasField("detail")),
             "type": "image",

@@ -30,6 +30,15 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 T = TypeVar("T")
 
 
+def _frame(name: str, data: str) -> str:
+    """One SSE event. A line break inside data (SSE knows three) must become
+    a new `data:` line; clients join the lines back with "\n"."""
+    if "\n" not in data and "\r" not in data:  # the common case, and much faster
+        return f"event: {name}\ndata: {data}\n\n"
+    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
+    return f"event: {name}\n{lines}\n"
+
+
 def wants_event_stream(request: web.Request) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
 
@@ -50,10 +59,7 @@ class SSEWriter:
         await self._response.prepare(self._request)
 
     async def event(self, name: str, data: str) -> None:
-        # A line break inside data (SSE knows three) must become a new
-        # `data:` line; clients join the lines back with "\n".
-        lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
-        await self._response.write(f"event: {name}\n{lines}\n".encode())
+        await self._response.write(_frame(name, data).encode())
 
     async def comment(self, text: str = "ping") -> None:
         await self._response.write(f": {text}\n\n".encode())
@@ -61,9 +67,10 @@ class SSEWriter:
     async def chunked(self, payload: str) -> None:
         """The payload as `chunk`* then `end`, CHUNK_CHARS characters each."""
         pieces = [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
-        for piece in pieces[:-1]:
-            await self.event("chunk", piece)
-        await self.event("end", pieces[-1])
+        names = ["chunk"] * (len(pieces) - 1) + ["end"]
+        # One write for all events: a large result (an 8 MiB image is ~2,700
+        # events) costs far more in per-write overhead than in encoding.
+        await self._response.write("".join(map(_frame, names, pieces)).encode())
 
     def client_gone(self) -> bool:
         transport = self._request.transport
