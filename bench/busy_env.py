@@ -27,7 +27,11 @@ class BenchEnv(env.BenchEnv):
     """``step`` burns ``ORS_BENCH_STEP_CPU_MS`` of CPU, then adds as before."""
 
     @tool
-    def step(self, params: env.StepInput) -> ToolOutput:
-        """Burn CPU, then add n to the running total."""
+    async def step(self, params: env.StepInput) -> ToolOutput:
+        """Burn CPU on the event loop, then add n to the running total.
+
+        Async on purpose: a sync tool would run in a worker thread, and its
+        fight with the event loop for the GIL would leave the one core half
+        idle, flattering the ratio with a single-process artefact."""
         burn_cpu(STEP_CPU_S)
         return super().step(params)
