@@ -119,11 +119,28 @@ def tool(fn: Optional[Callable[..., Any]] = None, *, shared: bool = True) -> Cal
 
 
 def _introspect_tool(fn: Callable[..., Any]) -> tuple[Any, dict, list]:
-    """Return (unwrapped_fn, type_hints, non-self params) for a tool function."""
-    real = inspect.unwrap(fn)
+    """Return (unwrapped_fn, type_hints, non-self params) for a tool function.
+
+    Cached per underlying function: every tool call looks its tool up, and
+    `get_type_hints` plus `inspect.signature` cost more than a small tool.
+    The result is shared: callers must not modify it.
+    """
+    func = getattr(fn, "__func__", None)
+    try:
+        return _introspect_function(fn, False) if func is None else _introspect_function(func, True)
+    except TypeError:  # an unhashable callable: not cached
+        return _introspect_function.__wrapped__(fn, False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _introspect_function(func: Callable[..., Any], bound: bool) -> tuple[Any, dict, list]:
+    real = inspect.unwrap(func)
     hints = get_type_hints(real, include_extras=True)
-    params = [p for p in inspect.signature(real).parameters.values() if p.name != "self"]
-    return real, hints, params
+    params = list(inspect.signature(real).parameters.values())
+    if bound and real is func:
+        # What inspect.signature(<bound method>) leaves out: the first parameter.
+        params = params[1:]
+    return real, hints, [p for p in params if p.name != "self"]
 
 
 def _tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
