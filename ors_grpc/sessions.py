@@ -31,9 +31,15 @@ logger = logging.getLogger("ors_grpc.sessions")
 SETUP_STOP_WAIT_S = 30.0
 
 
+def _no_secrets(text: str) -> str:
+    return text
+
+
 def redactor(secret_values: Iterable[str]):
     """A function that masks the given secret values in a text (for logs)."""
     values = sorted((v for v in secret_values if v), key=len, reverse=True)
+    if not values:
+        return _no_secrets  # one shared function, not a closure per session
 
     def redact(text: str) -> str:
         for value in values:
@@ -41,6 +47,18 @@ def redactor(secret_values: Iterable[str]):
         return text
 
     return redact
+
+
+def _overrides(env: Environment, hook: str) -> bool:
+    """Whether `env` replaces the base class's no-op `setup`/`teardown`.
+    When it does not, the call is skipped: no worker-thread round trip for nothing."""
+    return getattr(type(env), hook) is not getattr(Environment, hook) or hook in getattr(env, "__dict__", {})
+
+
+#: What every session's `ready` becomes once set: an asyncio.Event costs about
+#: 0.8 KiB (its waiter deque), a lot next to the rest of an idle session.
+_READY = asyncio.Event()
+_READY.set()
 
 
 class Session:
@@ -66,6 +84,11 @@ class Session:
         self.setup_in_thread = False
         self.setup_abandoned = False
         self.last_active = time.monotonic()
+
+    def mark_ready(self) -> None:
+        """Wake every waiter for setup; later waits return at once."""
+        self.ready.set()
+        self.ready = _READY
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -119,6 +142,8 @@ class SessionTable:
         session.setup_task = asyncio.get_running_loop().create_task(
             metrics.timed_setup(session, self._set_up(session, task_spec, secrets)), name=f"ors-setup-{sid}"
         )
+        # A finished setup task is not kept (memory per idle session).
+        session.setup_task.add_done_callback(lambda _: setattr(session, "setup_task", None))
         logger.info("session_created env=%s", env_cls.name().lower())
         return session
 
@@ -154,7 +179,7 @@ class SessionTable:
             return
         metrics.session_closed()
         session.deleted = True
-        session.ready.set()  # wake waiters: they answer "Session deleted"
+        session.mark_ready()  # wake waiters: they answer "Session deleted"
         await self._stop_setup(session)
         await session.calls.release()
         if session.env is not None:
@@ -200,7 +225,8 @@ class SessionTable:
             )
             if session.deleted:
                 return  # deleted while constructing: setup never ran, nothing to tear down
-            await self._run_setup_step(session, env.setup)
+            if _overrides(env, "setup"):
+                await self._run_setup_step(session, env.setup)
         except Exception as exc:
             # The message reaches clients and logs: mask the session's secrets.
             message = session.redact(str(exc) or type(exc).__name__)
@@ -212,10 +238,12 @@ class SessionTable:
             if session.setup_abandoned:  # deletion stopped waiting for this setup
                 await self._tear_down(session)
         finally:
-            session.ready.set()
+            session.mark_ready()
 
     async def _tear_down(self, session: Session) -> None:
         assert session.env is not None
+        if not _overrides(session.env, "teardown"):
+            return
         try:
             await run_user_code(session.env.teardown, sync_lock=session.sync_lock)
         except Exception as exc:
