@@ -224,14 +224,31 @@ class Raw(str):
 
 def dumps(value: Any) -> str:
     """Compact JSON (like pydantic's `model_dump_json`) with `Raw` spliced in."""
+    parts: list[str] = []
+    _dump(value, parts)
+    # One join at the end: a multi-megabyte image is copied once, not once
+    # per level of nesting (four in a tool result).
+    return "".join(parts)
+
+
+def _dump(value: Any, parts: list[str]) -> None:
     if isinstance(value, Raw):
-        return value
-    if isinstance(value, dict):
-        items = (f"{_scalar(key)}:{dumps(item)}" for key, item in value.items())
-        return "{" + ",".join(items) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(dumps(item) for item in value) + "]"
-    return _scalar(value)
+        parts.append(value)
+    elif isinstance(value, dict):
+        parts.append("{")
+        for i, (key, item) in enumerate(value.items()):
+            parts.append(f"{',' if i else ''}{_scalar(key)}:")
+            _dump(item, parts)
+        parts.append("}")
+    elif isinstance(value, (list, tuple)):
+        parts.append("[")
+        for i, item in enumerate(value):
+            if i:
+                parts.append(",")
+            _dump(item, parts)
+        parts.append("]")
+    else:
+        parts.append(_scalar(value))
 
 
 def _scalar(value: Any) -> str:

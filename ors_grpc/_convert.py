@@ -8,7 +8,7 @@ unicode as written.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
@@ -85,7 +85,8 @@ def _block_to_proto(block: TextBlock | ImageBlock) -> types_pb2.Block:
         )
     return types_pb2.Block(
         image=types_pb2.ImageBlock(
-            data=base64.b64decode(block.data),
+            # a2b_base64 takes the str as is (b64decode would copy it to bytes first).
+            data=binascii.a2b_base64(block.data),
             mime_type=block.mimeType,
             detail=_optional_json_value(block.detail),
         )
