@@ -121,7 +121,7 @@ class _StreamCall:
         self._messages: asyncio.Queue[Any] = asyncio.Queue()
         self._error: Optional[grpc.aio.AioRpcError] = None
         self._ended = False
-        self._task = asyncio.get_running_loop().create_task(self._run(produce))
+        self.task = asyncio.get_running_loop().create_task(self._run(produce))
 
     async def _run(self, produce: Callable[[_Context], AsyncIterator[Any]]) -> None:
         try:
@@ -151,7 +151,7 @@ class _StreamCall:
 
     def cancel(self) -> bool:
         """Cancel the handler (a tool call's own task is not the handler's)."""
-        return self._task.cancel()
+        return self.task.cancel()
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._iterate()
@@ -176,6 +176,14 @@ class InProcessChannel:
         add_servicer(servicer, registry)
         self._handlers = registry.handlers
         self._interceptors = list(interceptors)
+        self._streams: set[asyncio.Task[None]] = set()
+
+    async def drain(self, grace: Optional[float]) -> None:
+        """Wait up to `grace` seconds for the streaming calls in flight (tool
+        calls) to end, as grpc.aio's `Server.stop(grace)` does; None waits not
+        at all."""
+        if grace and self._streams:
+            await asyncio.wait(set(self._streams), timeout=grace)
 
     async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
         async def lookup(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
@@ -221,7 +229,10 @@ class InProcessChannel:
                 async for message in messages:
                     yield message
 
-            return _StreamCall(produce, _Context(invocation_metadata))
+            stream = _StreamCall(produce, _Context(invocation_metadata))
+            self._streams.add(stream.task)
+            stream.task.add_done_callback(self._streams.discard)
+            return stream
 
         return call
 

@@ -270,10 +270,13 @@ def _stop_also_ends_sessions(
     keeps that type while making shutdown complete.
     """
     grpc_stop = server.stop
+    in_process = in_process_channel(server)
 
     async def stop(grace: float | None) -> None:
         await health_servicer.enter_graceful_shutdown()
-        await grpc_stop(grace)
+        # Calls of the in-process channel (the embedded bridge's) get the
+        # same grace as calls over the network.
+        await asyncio.gather(grpc_stop(grace), in_process.drain(grace))
         await sessions.close()
 
     server.stop = stop  # type: ignore[method-assign]

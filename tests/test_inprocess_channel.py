@@ -130,3 +130,27 @@ async def test_cancelling_an_in_process_stream_leaves_the_tool_running():
         task_id, last = await call_tool(s.network, sid, "sleep", task_id=first.task_id)
         assert task_id == first.task_id
         assert last.result.output.blocks[0].text.text == "slept"
+
+
+async def test_stopping_the_server_lets_in_process_tool_calls_finish_within_the_grace():
+    server, _ = await create_server(TEST_ENVIRONMENTS, "127.0.0.1:0")
+    stub = pb_grpc.EnvironmentServiceStub(in_process_channel(server))
+    sid = await create_episode(stub)
+    stream = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("sleep", {"seconds": 0.5})))
+    assert (await stream.read()).task_id
+    stopping = asyncio.create_task(server.stop(5))
+    last = await stream.read()
+    assert last.result.output.blocks[0].text.text == "slept"
+    await stopping
+
+
+async def test_stopping_without_grace_ends_in_process_tool_calls_at_once():
+    server, _ = await create_server(TEST_ENVIRONMENTS, "127.0.0.1:0")
+    stub = pb_grpc.EnvironmentServiceStub(in_process_channel(server))
+    sid = await create_episode(stub)
+    stream = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("sleep", {"seconds": 60})))
+    assert (await stream.read()).task_id
+    await server.stop(None)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stream.read()
+    assert error_reason(caught.value) == "ERROR_REASON_SESSION_DELETED"
