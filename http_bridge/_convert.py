@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
+from ors_grpc.types import check_task_source
 
 __all__ = [
     "BadRequest",
@@ -101,12 +102,7 @@ class CreateBody(Body):
 
     @model_validator(mode="after")
     def _one_task_source(self) -> "CreateBody":
-        has_spec = self.task_spec is not None
-        has_index = self.split is not None and self.index is not None
-        if has_spec == has_index:
-            raise ValueError("Provide either task_spec or both split and index, not both/neither")
-        if (self.split is None) != (self.index is None):
-            raise ValueError("split and index must both be provided together")
+        check_task_source(self.task_spec, self.split, self.index)
         return self
 
 

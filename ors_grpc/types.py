@@ -111,13 +111,19 @@ class CreateSession(BaseModel, extra="forbid"):
     @model_validator(mode="after")
     def check_task_source(self) -> "CreateSession":
         """Exactly one of task_spec or (split, index) must be provided."""
-        has_spec = self.task_spec is not None
-        has_index = self.split is not None and self.index is not None
-        if has_spec == has_index:
-            raise ValueError("Provide either task_spec or both split and index, not both/neither")
-        if (self.split is None) != (self.index is None):
-            raise ValueError("split and index must both be provided together")
+        check_task_source(self.task_spec, self.split, self.index)
         return self
+
+
+def check_task_source(task_spec: Any, split: Optional[str], index: Optional[int]) -> None:
+    """Raise ValueError (the reference's messages) unless exactly one of
+    `task_spec` or `split` + `index` is given."""
+    has_spec = task_spec is not None
+    has_index = split is not None and index is not None
+    if has_spec == has_index:
+        raise ValueError("Provide either task_spec or both split and index, not both/neither")
+    if (split is None) != (index is None):
+        raise ValueError("split and index must both be provided together")
 
 
 SplitType = Literal["train", "validation", "test"]
