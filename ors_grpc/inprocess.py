@@ -236,6 +236,16 @@ class InProcessChannel:
 
         return call
 
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        """Bidirectional RPCs (RunEpisode) are not served in process: the
+        bridge makes one call per step. Calling one fails UNIMPLEMENTED."""
+
+        def call(*_: Any, metadata: Optional[Metadata] = None, **__: Any) -> Any:
+            context = _Context(tuple(metadata or ()))
+            raise context.rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served in process")
+
+        return call
+
     async def close(self, grace: Optional[float] = None) -> None:
         """Nothing to close: the server owns the servicer."""
 

@@ -170,6 +170,8 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             return handler._replace(unary_unary=_counted_unary(handler.unary_unary, method))
         if handler.unary_stream:
             return handler._replace(unary_stream=_counted_stream(handler.unary_stream, method))
+        if handler.stream_stream:
+            return handler._replace(stream_stream=_counted_stream(handler.stream_stream, method))
         return handler  # no client-streaming RPCs in this service
 
 
@@ -188,6 +190,8 @@ def _counted_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Call
 
 
 def _counted_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """Counts a server-streaming or bidirectional RPC (`request` is then the request iterator)."""
+
     async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
         raised: BaseException | None = None
         try:

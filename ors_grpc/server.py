@@ -13,7 +13,7 @@ import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -126,7 +126,9 @@ class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
 
     grpc itself answers UNKNOWN (and logs a traceback) when the request
     deserializer raises; a malformed request is the client's error.
-    Client-streaming handlers (only reflection here) are left as they are.
+    In a bidirectional RPC written as an async generator (RunEpisode) a
+    malformed message ends the call the same way; other request-streaming
+    handlers (reflection) are left as they are.
     """
 
     async def intercept_service(
@@ -135,7 +137,9 @@ class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        if handler.request_streaming and not inspect.isasyncgenfunction(handler.stream_stream):
             return handler
         return _checking_handler(handler)
 
@@ -167,6 +171,19 @@ def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             return await result if inspect.isawaitable(result) else result
 
         return grpc.unary_unary_rpc_method_handler(unary, **serializers)
+
+    if handler.stream_stream:
+        async def refusing_malformed(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            async for request in requests:
+                if isinstance(request, _Malformed):
+                    await refuse(context, request)
+                yield request
+
+        async def bidirectional(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            async for message in handler.stream_stream(refusing_malformed(requests, context), context):
+                yield message
+
+        return grpc.stream_stream_rpc_method_handler(bidirectional, **serializers)
 
     behavior = handler.unary_stream
     if inspect.isasyncgenfunction(behavior):

@@ -89,6 +89,13 @@ async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
         raise SessionCodeError(f"{type(exc).__name__}: {session.redact(str(exc))}") from None
 
 
+def _step_error(step: str, exc: Exception) -> pb.StepError:
+    """What a RunEpisode step answers when it fails: the status its RPC would end with."""
+    if isinstance(exc, ORSError):
+        return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=exc.message)
+    return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=_log_unexpected(step, exc))
+
+
 @contextlib.asynccontextmanager
 async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     """Map what a handler raises to a status (ORSError with its reason, bugs
@@ -136,8 +143,9 @@ def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
     return wrapped
 
 
-def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
-    """The request's session id, else the `x-session-id` metadata entry."""
+def _session_id(request: Any, context: grpc.aio.ServicerContext, *, mint: bool = False) -> str:
+    """The request's session id, else the `x-session-id` metadata entry, else
+    (with `mint`) a new one."""
     sid = request.session_id
     if not sid:
         for key, value in context.invocation_metadata() or ():
@@ -146,8 +154,23 @@ def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
                 break
     sid = sid.strip()
     if not sid:
+        if mint:
+            return _new_session_id()
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is required")
     return sid
+
+
+def _new_session_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _stream_session_id(request: Any, stream_sid: str | None) -> str:
+    """The episode a RunEpisode step acts on: the stream's own."""
+    if stream_sid is None:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the first step of RunEpisode must be create")
+    if request.session_id.strip() not in ("", stream_sid):
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
+    return stream_sid
 
 
 class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
@@ -242,11 +265,28 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def CreateSessionId(self, request: Any, context: Any) -> pb.CreateSessionIdResponse:
-        return pb.CreateSessionIdResponse(session_id=str(uuid.uuid4()))
+        return pb.CreateSessionIdResponse(session_id=_new_session_id())
 
     @_unary
     async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
         sid = _session_id(request, context)
+        await self._create_episode(sid, request)
+        return pb.CreateEpisodeResponse(session_id=sid)
+
+    @_unary
+    async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
+        return await self._prompt(_session_id(request, context))
+
+    @_unary
+    async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
+        return await self._task_tools(_session_id(request, context))
+
+    @_streaming
+    async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
+        async for event in self._call_events(_session_id(request, context), request.call):
+            yield event
+
+    async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest) -> None:
         self._sessions.check_can_create(sid)
         env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
         source = request.WhichOneof("task_source")
@@ -258,32 +298,28 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_spec or both split and index, not both/neither")
         self._sessions.create(sid, env_cls, task_spec, dict(request.secrets))
-        return pb.CreateEpisodeResponse(session_id=sid)
 
-    @_unary
-    async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
-        session, env = await self._sessions.ready(_session_id(request, context))
+    async def _prompt(self, sid: str) -> pb.GetPromptResponse:
+        session, env = await self._sessions.ready(sid)
         blocks = await _session_code(session, env.get_prompt)
         return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
 
-    @_unary
-    async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
-        session, env = await self._sessions.ready(_session_id(request, context))
+    async def _task_tools(self, sid: str) -> pb.ListTaskToolsResponse:
+        session, env = await self._sessions.ready(sid)
         task_tools: ListToolsOutput = await _session_code(session, env.list_task_tools)
         tools = ListToolsOutput(tools=env.list_tools().tools + task_tools.tools)
         return pb.ListTaskToolsResponse(tools=_convert.tool_specs_to_proto(tools))
 
-    @_streaming
-    async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
-        session, env = await self._sessions.ready(_session_id(request, context))
-        if request.call.task_id:
-            call = session.calls.attach(request.call.task_id)
+    async def _call_events(self, sid: str, tool_call: Any) -> AsyncIterator[pb.CallToolResponse]:
+        """A call's task id, then its result or failure (CallTool's events)."""
+        session, env = await self._sessions.ready(sid)
+        if tool_call.task_id:
+            call = session.calls.attach(tool_call.task_id)
         else:
             tool_input = (
-                _convert.load_json_object(request.call.input, "call.input")
-                if request.call.HasField("input") else {}
+                _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
             )
-            call = session.calls.start(env, request.call.name, tool_input)
+            call = session.calls.start(env, tool_call.name, tool_input)
         yield pb.CallToolResponse(task_id=call.task_id)
         outcome = await call.outcome()
         session.touch()
@@ -310,3 +346,54 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         sid = _session_id(request, context)
         await self._sessions.delete(sid)
         return pb.DeleteSessionIdResponse(session_id=sid)
+
+    # One episode over one stream ----------------------------------------------
+
+    @_streaming
+    async def RunEpisode(
+        self, requests: AsyncIterator[pb.RunEpisodeRequest], context: Any
+    ) -> AsyncIterator[pb.RunEpisodeResponse]:
+        """Answers each step in order. The episode ends with a `delete` step
+        only: grpc.aio ends the request iterator the same way on a half-close
+        and on a cancelled call, so the end of the stream cannot tell a done
+        client from a broken connection (whose episode must stay reachable,
+        to reattach a tool call)."""
+        sid: str | None = None
+        async for request in requests:
+            step = request.WhichOneof("step")
+            try:
+                if step == "create":
+                    sid = await self._create_stream_episode(request.create, sid, context)
+                    yield pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
+                else:
+                    async for response in self._episode_step(step, request, sid):
+                        yield response
+            except Exception as exc:
+                yield pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
+
+    async def _create_stream_episode(self, request: pb.CreateEpisodeRequest, stream_sid: str | None, context: Any) -> str:
+        if stream_sid is not None:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the stream's episode exists already")
+        sid = _session_id(request, context, mint=True)
+        await self._create_episode(sid, request)
+        return sid
+
+    async def _episode_step(
+        self, step: str | None, request: pb.RunEpisodeRequest, stream_sid: str | None
+    ) -> AsyncIterator[pb.RunEpisodeResponse]:
+        """The answers to one step after `create`."""
+        if step == "get_prompt":
+            yield pb.RunEpisodeResponse(get_prompt=await self._prompt(_stream_session_id(request.get_prompt, stream_sid)))
+        elif step == "list_task_tools":
+            tools = await self._task_tools(_stream_session_id(request.list_task_tools, stream_sid))
+            yield pb.RunEpisodeResponse(list_task_tools=tools)
+        elif step == "call_tool":
+            sid = _stream_session_id(request.call_tool, stream_sid)
+            async for event in self._call_events(sid, request.call_tool.call):
+                yield pb.RunEpisodeResponse(call_tool=event)
+        elif step == "delete":
+            sid = _stream_session_id(request.delete, stream_sid)
+            await self._sessions.delete(sid)
+            yield pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=sid))
+        else:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")

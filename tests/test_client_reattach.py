@@ -1,10 +1,10 @@
-"""The Python client reattaches by task id when a CallTool stream breaks, and keeps sessions alive.
+"""The Python client reattaches by task id when a stream breaks mid-call, and keeps sessions alive.
 
 A small grpc.aio proxy sits on loopback between the client and an in-process
 server. It forwards every RPC byte for byte and, when told to, breaks a
-CallTool stream right after forwarding its first event (the task id) while
-the tool is still running: the client sees the status a server-side break
-produces. The environment counts its tool runs, so the test can show that the
+CallTool stream (or the RunEpisode stream carrying a call_tool step) right
+after forwarding the call's task id while the tool is still running: the
+client sees the status a server-side break produces. The environment counts its tool runs, so the test can show that the
 tool ran exactly once and that the client got that run's result.
 """
 
@@ -27,6 +27,7 @@ from tests.environments import EchoEnv
 pytestmark = pytest.mark.timeout(60)
 
 CALL_TOOL = "/ors.v1.EnvironmentService/CallTool"
+RUN_EPISODE = "/ors.v1.EnvironmentService/RunEpisode"
 TOOL_SECONDS = 1.0
 
 
@@ -105,6 +106,8 @@ class BreakingProxy:
                 proxy.session_metadata.append((details.method.rsplit("/", 1)[-1], sent.get("x-session-id")))
                 if details.method == CALL_TOOL:
                     return grpc.unary_stream_rpc_method_handler(proxy._forward_call_tool)
+                if details.method == RUN_EPISODE:
+                    return grpc.stream_stream_rpc_method_handler(proxy._forward_run_episode)
                 return grpc.unary_unary_rpc_method_handler(proxy._forward_unary(details.method))
 
         return Handler()
@@ -128,15 +131,48 @@ class BreakingProxy:
             async for event in stream:
                 yield event
                 if cut is not None:
-                    self.finished_at_cut.append(len(CountingEnv.finished))
-                    if cut.drop_connection:
-                        self._restarts.append(asyncio.create_task(self._restart()))
-                        await asyncio.Event().wait()  # until the restart cancels this handler
-                    await context.abort(cut.code, "proxy broke the stream")
+                    await self._break(cut, context)
         except grpc.aio.AioRpcError as error:
             await context.abort(error.code(), error.details() or "", error.trailing_metadata())
         finally:
             stream.cancel()
+
+    async def _forward_run_episode(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """Forwards in lockstep (the client sends a step only once the last one
+        was answered); a call_tool step may be cut like a CallTool stream."""
+        upstream = self.upstream.stream_stream(RUN_EPISODE)(metadata=_metadata(context))
+        try:
+            async for request in requests:
+                step = pb.RunEpisodeRequest.FromString(request)
+                cut = None
+                if step.WhichOneof("step") == "call_tool":
+                    self.call_requests.append(step.call_tool)
+                    cut = self._take_cut()
+                    if cut is not None and cut.before_first_event:
+                        await context.abort(cut.code, "proxy broke the stream")
+                await upstream.write(request)
+                answer = await upstream.read()
+                yield answer
+                if cut is not None:
+                    await self._break(cut, context)
+                if pb.RunEpisodeResponse.FromString(answer).call_tool.task_id:
+                    yield await upstream.read()  # the call's outcome
+            await upstream.done_writing()
+            while (answer := await upstream.read()) is not grpc.aio.EOF:
+                yield answer
+        except grpc.aio.AioRpcError as error:
+            await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+        finally:
+            upstream.cancel()
+
+    async def _break(self, cut: Cut, context: grpc.aio.ServicerContext) -> None:
+        self.finished_at_cut.append(len(CountingEnv.finished))
+        if cut.drop_connection:
+            self._restarts.append(asyncio.create_task(self._restart()))
+            await asyncio.Event().wait()  # until the restart cancels this handler
+        await context.abort(cut.code, "proxy broke the stream")
 
     def _take_cut(self) -> Optional[Cut]:
         if self.cut is None or self.cut.times == 0:
@@ -171,10 +207,10 @@ async def proxy() -> AsyncIterator[tuple[BreakingProxy, str]]:
     [Cut(grpc.StatusCode.UNAVAILABLE), Cut(grpc.StatusCode.CANCELLED), Cut(drop_connection=True)],
     ids=["unavailable", "cancelled", "connection-dropped"],
 )
-async def test_a_stream_broken_mid_call_is_reattached_and_the_tool_runs_once(proxy, cut) -> None:
+async def test_a_call_tool_stream_broken_mid_call_is_reattached_and_the_tool_runs_once(proxy, cut) -> None:
     breaking, target = proxy
     breaking.cut = cut
-    async with AsyncORSClient(target) as client:
+    async with AsyncORSClient(target, stream_episodes=False) as client:
         async with client.environment("countingenv").session(split="train", index=0) as session:
             output = await session.call_tool("slow_count", {"seconds": TOOL_SECONDS})
 
@@ -189,10 +225,39 @@ async def test_a_stream_broken_mid_call_is_reattached_and_the_tool_runs_once(pro
     assert [sid for _, sid in breaking.session_metadata] == [None] + [first.session_id] * 5
 
 
+@pytest.mark.parametrize(
+    "cut",
+    [Cut(grpc.StatusCode.UNAVAILABLE), Cut(grpc.StatusCode.CANCELLED), Cut(drop_connection=True)],
+    ids=["unavailable", "cancelled", "connection-dropped"],
+)
+async def test_an_episode_stream_broken_mid_call_is_reattached_by_call_tool_and_the_tool_runs_once(
+    proxy, cut
+) -> None:
+    breaking, target = proxy
+    breaking.cut = cut
+    async with AsyncORSClient(target) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            sid = session.session_id
+            output = await session.call_tool("slow_count", {"seconds": TOOL_SECONDS})
+            # The stream is gone; the episode is not: later steps go by RPC.
+            assert await session.get_prompt() == [TextBlock(text="Say hello")]
+        assert (await client.health()).open_sessions == 0
+
+    assert breaking.finished_at_cut == [0], "the stream must break while the tool runs"
+    first, second = breaking.call_requests
+    assert first.call.task_id == "" and second.call.task_id != ""
+    assert CountingEnv.runs == [1] and CountingEnv.finished == [1]
+    assert output.blocks == [TextBlock(text="run 1")]
+    methods = [method for method, _ in breaking.session_metadata]
+    assert methods == ["RunEpisode", "CallTool", "GetPrompt", "DeleteEpisode", "DeleteSessionId", "Health"]
+    # The client minted the session id, so even the stream carried it as metadata.
+    assert [sid_sent for _, sid_sent in breaking.session_metadata] == [sid] * 5 + [None]
+
+
 async def test_a_stream_broken_before_the_task_id_is_not_retried(proxy) -> None:
     breaking, target = proxy
     breaking.cut = Cut(before_first_event=True)
-    async with AsyncORSClient(target) as client:
+    async with AsyncORSClient(target, stream_episodes=False) as client:
         async with client.environment("countingenv").session(split="train", index=0) as session:
             with pytest.raises(ORSServerError) as broken:
                 await session.call_tool("slow_count", {"seconds": 0})
@@ -205,13 +270,29 @@ async def test_a_stream_broken_before_the_task_id_is_not_retried(proxy) -> None:
 async def test_reattaching_gives_up_after_the_configured_attempts(proxy) -> None:
     breaking, target = proxy
     breaking.cut = Cut(times=10)
-    async with AsyncORSClient(target, reattach_attempts=2) as client:
+    async with AsyncORSClient(target, reattach_attempts=2, stream_episodes=False) as client:
         async with client.environment("countingenv").session(split="train", index=0) as session:
             with pytest.raises(ORSServerError) as broken:
                 await session.call_tool("slow_count", {"seconds": 0})
     assert broken.value.code == grpc.StatusCode.UNAVAILABLE
     assert len(breaking.call_requests) == 3
     assert CountingEnv.runs == [1]
+
+
+async def test_an_episode_stream_broken_before_the_task_id_is_not_retried(proxy) -> None:
+    breaking, target = proxy
+    breaking.cut = Cut(before_first_event=True)
+    async with AsyncORSClient(target) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            with pytest.raises(ORSServerError) as broken:
+                await session.call_tool("slow_count", {"seconds": 0})
+            assert len(breaking.call_requests) == 1
+            assert broken.value.code == grpc.StatusCode.UNAVAILABLE
+            # The next call goes by CallTool, to the same episode.
+            assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
+        assert (await client.health()).open_sessions == 0
+    methods = [method for method, _ in breaking.session_metadata]
+    assert methods == ["RunEpisode", "CallTool", "DeleteEpisode", "DeleteSessionId", "Health"]
 
 
 async def test_keepalive_pings_keep_an_idle_session_from_being_reaped() -> None:

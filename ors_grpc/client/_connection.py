@@ -71,6 +71,10 @@ class Connection:
         """The raw CallTool stream: its AioRpcError is the caller's to classify (break or failure)."""
         return self.stub.CallTool(request, metadata=self.metadata(session_id))
 
+    def run_episode_stream(self, session_id: str) -> grpc.aio.StreamStreamCall:
+        """A RunEpisode call for the episode `session_id` (in metadata, for load-balancer affinity)."""
+        return self.stub.RunEpisode(metadata=self.metadata(session_id))
+
     async def wait_ready(self, timeout: float) -> None:
         """Waits up to `timeout` for the channel to (re)connect; a reattach after
         a lost connection would otherwise fail fast while the channel backs off."""

@@ -32,7 +32,9 @@ class AsyncORSClient:
     """A client of one ORS gRPC server (`host:port`), over one HTTP/2 channel.
 
     `credentials` (e.g. `grpc.ssl_channel_credentials()`) selects TLS; the
-    API key is sent as `x-api-key` metadata on every call.
+    API key is sent as `x-api-key` metadata on every call. `stream_episodes`
+    runs each session's steps over one RunEpisode stream (see AsyncSession);
+    False makes one RPC per step.
     """
 
     def __init__(
@@ -44,10 +46,15 @@ class AsyncORSClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
         reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
+        stream_episodes: bool = True,
     ) -> None:
         api_key = api_key or os.environ.get(API_KEY_ENV_VAR)
         self._connection = Connection(target, api_key, credentials, max_message_bytes)
-        self._session_options = {"ping_interval_s": ping_interval_s, "reattach_attempts": reattach_attempts}
+        self._session_options = {
+            "ping_interval_s": ping_interval_s,
+            "reattach_attempts": reattach_attempts,
+            "stream_episode": stream_episodes,
+        }
 
     @property
     def target(self) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
+from .._generated.ors.v1 import errors_pb2
 from ..errors import ERROR_REASON_METADATA_KEY
 
 __all__ = [
@@ -14,6 +17,7 @@ __all__ = [
 ]
 
 _UNSPECIFIED = "ERROR_REASON_UNSPECIFIED"
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class ORSServerError(Exception):
@@ -30,6 +34,12 @@ class ORSServerError(Exception):
     @classmethod
     def from_rpc_error(cls, error: grpc.aio.AioRpcError) -> "ORSServerError":
         return cls(error.code(), _reason_of(error), error.details() or "")
+
+    @classmethod
+    def from_step_error(cls, error: Any) -> "ORSServerError":
+        """From a RunEpisode `StepError`: what the step's own RPC would have raised."""
+        code = _STATUS_CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+        return cls(code, errors_pb2.ErrorReason.Name(error.reason), error.message)
 
 
 def _reason_of(error: grpc.aio.AioRpcError) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
@@ -13,6 +14,7 @@ from .._generated.ors.v1 import environment_service_pb2 as pb
 from ..types import ToolOutput, ToolSpec
 from . import _convert
 from ._connection import Connection
+from ._episode_stream import EpisodeStream
 from ._tool_formats import Provider, format_tools
 from .errors import ORSServerError, ToolCallError, ToolFailedError
 
@@ -45,6 +47,11 @@ class AsyncSession:
     Entering mints a session id and creates the episode; while inside, a
     background task pings every `ping_interval_s`; exiting (also when the body
     raised or was cancelled) deletes the episode and releases the session id.
+
+    With `stream_episode` (the default) the episode's steps go over one
+    RunEpisode stream, a few times cheaper than an RPC per step; a step made
+    while another is in flight, and every step after the stream broke, uses
+    the per-step RPCs instead. Servers without RunEpisode get per-step RPCs.
     """
 
     def __init__(
@@ -55,6 +62,7 @@ class AsyncSession:
         *,
         ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
         reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
+        stream_episode: bool = True,
     ) -> None:
         self.env_name = env_name
         self.session_id: Optional[str] = None
@@ -63,8 +71,35 @@ class AsyncSession:
         self._ping_interval_s = ping_interval_s
         self._reattach_attempts = reattach_attempts
         self._pinger: Optional[asyncio.Task[None]] = None
+        self._stream_episode = stream_episode
+        self._stream: Optional[EpisodeStream] = None
 
     async def __aenter__(self) -> "AsyncSession":
+        if not (self._stream_episode and await self._create_on_stream()):
+            await self._create_by_rpcs()
+        self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
+        return self
+
+    async def _create_on_stream(self) -> bool:
+        """Opens a RunEpisode stream and creates the episode on it; False when
+        the server has no RunEpisode (an older ors-grpc)."""
+        # Minted here, not by the server, so that the stream's metadata carries
+        # it (load balancers route a session's calls by `x-session-id`).
+        self._create_request.session_id = str(uuid.uuid4())
+        stream = EpisodeStream(self._connection.run_episode_stream(self._create_request.session_id))
+        try:
+            answer = await stream.ask(pb.RunEpisodeRequest(create=self._create_request))
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return False
+            raise ORSServerError.from_rpc_error(error) from None
+        if answer.WhichOneof("step") == "error":
+            stream.cancel()  # no episode was created on it
+            raise ORSServerError.from_step_error(answer.error)
+        self.session_id, self._stream = answer.create.session_id, stream
+        return True
+
+    async def _create_by_rpcs(self) -> None:
         minted = await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())
         self.session_id = minted.session_id
         self._create_request.session_id = self.session_id
@@ -73,8 +108,6 @@ class AsyncSession:
         except BaseException:
             await asyncio.shield(self._release())
             raise
-        self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
-        return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
@@ -88,13 +121,30 @@ class AsyncSession:
         await asyncio.shield(self._release())
 
     async def get_prompt(self) -> list[_convert.Block]:
-        response = await self._unary("GetPrompt", pb.GetPromptRequest(session_id=self._live_id()))
+        response = await self._step("GetPrompt", "get_prompt", pb.GetPromptRequest(session_id=self._live_id()))
         return _convert.blocks(response.blocks)
 
     async def list_tools(self, format: Optional[Provider] = None) -> Union[list[ToolSpec], list[dict[str, Any]]]:
         """The episode's tools (shared, then task-specific), optionally in a provider's shape."""
-        response = await self._unary("ListTaskTools", pb.ListTaskToolsRequest(session_id=self._live_id()))
+        request = pb.ListTaskToolsRequest(session_id=self._live_id())
+        response = await self._step("ListTaskTools", "list_task_tools", request)
         return format_tools([_convert.tool_spec(t) for t in response.tools], format)
+
+    async def _step(self, method: str, step: str, request: Any) -> Any:
+        """One answer to `request`: on the episode stream when it is free, else by RPC `method`."""
+        stream = self._free_stream()
+        if stream is None:
+            return await self._unary(method, request)
+        try:
+            answer = await stream.ask(pb.RunEpisodeRequest(**{step: request}))
+        except grpc.aio.AioRpcError as error:
+            raise ORSServerError.from_rpc_error(error) from None
+        if answer.WhichOneof("step") == "error":
+            raise ORSServerError.from_step_error(answer.error)
+        return getattr(answer, step)
+
+    def _free_stream(self) -> Optional[EpisodeStream]:
+        return self._stream if self._stream is not None and self._stream.free else None
 
     async def call_tool(self, name: str, input: Optional[Mapping[str, Any]] = None) -> ToolOutput:
         """Runs a tool and returns its output.
@@ -108,6 +158,9 @@ class AsyncSession:
         session_id = self._live_id()
         for attempt in range(self._reattach_attempts + 1):
             try:
+                stream = self._free_stream() if attempt == 0 else None
+                if stream is not None:
+                    return await _call_on_episode_stream(stream, call)
                 return await self._stream_call(call, session_id)
             except grpc.aio.AioRpcError as error:
                 # Before the task id arrived we cannot know whether the tool
@@ -163,9 +216,13 @@ class AsyncSession:
                 return
 
     async def _release(self) -> None:
-        """DeleteEpisode then DeleteSessionId, each bounded and best effort."""
+        """A `delete` step on the episode stream, else DeleteEpisode then
+        DeleteSessionId; each bounded and best effort."""
         session_id, self.session_id = self.session_id, None
+        stream, self._stream = self._stream, None
         if session_id is None:
+            return
+        if stream is not None and await stream.delete_episode(_CLEANUP_TIMEOUT_S):
             return
         for method, request in (
             ("DeleteEpisode", pb.DeleteEpisodeRequest(session_id=session_id)),
@@ -195,6 +252,23 @@ def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     if bad_keys:
         raise TypeError(f"tool input keys must be strings, got {bad_keys!r}")
     return dict(tool_input)
+
+
+async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> ToolOutput:
+    """A call_tool step: its task id (kept in `call`, to reattach), then its outcome."""
+    request = pb.RunEpisodeRequest(call_tool=pb.CallToolRequest(call=_convert.tool_call(call.name, call.input, None)))
+    async with stream.turn():
+        await stream.send(request)
+        answer = await stream.receive()
+        if answer.WhichOneof("step") == "call_tool":
+            call.task_id = answer.call_tool.task_id
+            answer = await stream.receive()
+    if answer.WhichOneof("step") == "error":
+        raise ORSServerError.from_step_error(answer.error)
+    event = answer.call_tool
+    if event.WhichOneof("event") == "failure":
+        raise ToolFailedError(call.name, event.failure.message)
+    return _tool_result(call.name, event.result)
 
 
 def _tool_result(name: str, result: Any) -> ToolOutput:

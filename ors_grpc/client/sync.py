@@ -153,6 +153,7 @@ class ORSClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
         reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
+        stream_episodes: bool = True,
     ) -> None:
         self._loop = _LoopThread()
         self._async = AsyncORSClient(
@@ -162,6 +163,7 @@ class ORSClient:
             max_message_bytes=max_message_bytes,
             ping_interval_s=ping_interval_s,
             reattach_attempts=reattach_attempts,
+            stream_episodes=stream_episodes,
         )
 
     @property

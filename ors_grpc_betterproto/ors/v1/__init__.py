@@ -7,10 +7,13 @@
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
+    AsyncIterable,
     AsyncIterator,
     Dict,
+    Iterable,
     List,
     Optional,
+    Union,
 )
 
 import betterproto
@@ -21,22 +24,6 @@ if TYPE_CHECKING:
     import grpclib.server
     from betterproto.grpc.grpclib_client import MetadataLike
     from grpclib.metadata import Deadline
-
-
-class SplitType(betterproto.Enum):
-    """What a split is used for."""
-
-    UNSPECIFIED = 0
-    """Not set; never sent by the server."""
-
-    TRAIN = 1
-    """Tasks for training (JSON `"train"`)."""
-
-    VALIDATION = 2
-    """Tasks for validation (JSON `"validation"`)."""
-
-    TEST = 3
-    """Tasks for final evaluation (JSON `"test"`)."""
 
 
 class ErrorReason(betterproto.Enum):
@@ -108,6 +95,22 @@ class ErrorReason(betterproto.Enum):
 
     UNAUTHENTICATED = 12
     """The API key is missing or wrong. UNAUTHENTICATED."""
+
+
+class SplitType(betterproto.Enum):
+    """What a split is used for."""
+
+    UNSPECIFIED = 0
+    """Not set; never sent by the server."""
+
+    TRAIN = 1
+    """Tasks for training (JSON `"train"`)."""
+
+    VALIDATION = 2
+    """Tasks for validation (JSON `"validation"`)."""
+
+    TEST = 3
+    """Tasks for final evaluation (JSON `"test"`)."""
 
 
 @dataclass(eq=False, repr=False)
@@ -624,6 +627,84 @@ class DeleteSessionIdResponse(betterproto.Message):
     """The session id, echoed."""
 
 
+@dataclass(eq=False, repr=False)
+class RunEpisodeRequest(betterproto.Message):
+    """
+    One step of a RunEpisode stream. Steps after `create` may leave their
+     `session_id` empty; when set, it must be the stream's episode.
+    """
+
+    create: "CreateEpisodeRequest" = betterproto.message_field(1, group="step")
+    """
+    Starts the episode, as CreateEpisode; an empty `session_id` has the
+     server mint one (see CreateSessionId).
+    """
+
+    get_prompt: "GetPromptRequest" = betterproto.message_field(2, group="step")
+    """Reads the prompt, as GetPrompt."""
+
+    list_task_tools: "ListTaskToolsRequest" = betterproto.message_field(3, group="step")
+    """Lists the episode's tools, as ListTaskTools."""
+
+    call_tool: "CallToolRequest" = betterproto.message_field(4, group="step")
+    """
+    Runs a tool, or attaches to a call by task id, as CallTool: answered
+     by two `call_tool` responses, the task id, then the result or failure.
+    """
+
+    delete: "DeleteEpisodeRequest" = betterproto.message_field(5, group="step")
+    """
+    Ends the episode, as DeleteEpisode (which also releases the session id).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class RunEpisodeResponse(betterproto.Message):
+    """
+    One answer of a RunEpisode stream, to the step of the same position (two
+     for a `call_tool` step).
+    """
+
+    create: "CreateEpisodeResponse" = betterproto.message_field(1, group="step")
+    """The episode was created; carries its session id."""
+
+    get_prompt: "GetPromptResponse" = betterproto.message_field(2, group="step")
+    """The episode's prompt."""
+
+    list_task_tools: "ListTaskToolsResponse" = betterproto.message_field(
+        3, group="step"
+    )
+    """The episode's tools."""
+
+    call_tool: "CallToolResponse" = betterproto.message_field(4, group="step")
+    """One event of the call, as CallTool streams them."""
+
+    delete: "DeleteEpisodeResponse" = betterproto.message_field(6, group="step")
+    """The episode was deleted."""
+
+    error: "StepError" = betterproto.message_field(5, group="step")
+    """
+    The step failed, as the matching RPC would have with an error status.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class StepError(betterproto.Message):
+    """
+    Why a RunEpisode step failed: what the matching RPC would have returned
+     as its status.
+    """
+
+    code: int = betterproto.int32_field(1)
+    """The gRPC status code, by number (as in google.rpc.Code)."""
+
+    reason: "ErrorReason" = betterproto.enum_field(2)
+    """The domain reason, as sent in `ors-error-reason` by the other RPCs."""
+
+    message: str = betterproto.string_field(3)
+    """The human-readable message."""
+
+
 class EnvironmentServiceStub(betterproto.ServiceStub):
     async def health(
         self,
@@ -915,6 +996,27 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def run_episode(
+        self,
+        run_episode_request_iterator: Union[
+            AsyncIterable[RunEpisodeRequest], Iterable[RunEpisodeRequest]
+        ],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[RunEpisodeResponse]:
+        async for response in self._stream_stream(
+            "/ors.v1.EnvironmentService/RunEpisode",
+            run_episode_request_iterator,
+            RunEpisodeRequest,
+            RunEpisodeResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -995,6 +1097,12 @@ class EnvironmentServiceBase(ServiceBase):
         self, delete_session_id_request: "DeleteSessionIdRequest"
     ) -> "DeleteSessionIdResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def run_episode(
+        self, run_episode_request_iterator: AsyncIterator[RunEpisodeRequest]
+    ) -> AsyncIterator[RunEpisodeResponse]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield RunEpisodeResponse()
 
     async def __rpc_health(
         self, stream: "grpclib.server.Stream[HealthRequest, HealthResponse]"
@@ -1124,6 +1232,16 @@ class EnvironmentServiceBase(ServiceBase):
         response = await self.delete_session_id(request)
         await stream.send_message(response)
 
+    async def __rpc_run_episode(
+        self, stream: "grpclib.server.Stream[RunEpisodeRequest, RunEpisodeResponse]"
+    ) -> None:
+        request = stream.__aiter__()
+        await self._call_rpc_handler_server_stream(
+            self.run_episode,
+            stream,
+            request,
+        )
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -1227,5 +1345,11 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DeleteSessionIdRequest,
                 DeleteSessionIdResponse,
+            ),
+            "/ors.v1.EnvironmentService/RunEpisode": grpclib.const.Handler(
+                self.__rpc_run_episode,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                RunEpisodeRequest,
+                RunEpisodeResponse,
             ),
         }

@@ -132,6 +132,11 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.DeleteSessionIdRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.DeleteSessionIdResponse.FromString,
                 _registered_method=True)
+        self.RunEpisode = channel.stream_stream(
+                '/ors.v1.EnvironmentService/RunEpisode',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -281,6 +286,24 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunEpisode(self, request_iterator, context):
+        """Runs one episode over a single bidirectional stream, the cheap way to
+        drive many short episodes: each request is one step of the episode,
+        answered in order, as the matching RPC above would answer it. A step
+        that fails is answered with a `StepError` and the stream goes on.
+
+        The first step must be `create`; the last should be `delete`, after
+        which the client half-closes and the server ends the stream with OK. A
+        stream that ends otherwise (cancelled, connection lost, or half-closed
+        without `delete`) leaves the episode open: it can be reached by its
+        session id with the RPCs above (to attach to a tool call, or to delete
+        it) until it is deleted or reaped. Steps are handled one at a time; run
+        concurrent tool calls of one episode with CallTool.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -368,6 +391,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.DeleteSessionId,
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.DeleteSessionIdRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.DeleteSessionIdResponse.SerializeToString,
+            ),
+            'RunEpisode': grpc.stream_stream_rpc_method_handler(
+                    servicer.RunEpisode,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -841,6 +869,33 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/DeleteSessionId',
             ors_dot_v1_dot_environment__service__pb2.DeleteSessionIdRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.DeleteSessionIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunEpisode(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ors.v1.EnvironmentService/RunEpisode',
+            ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
