@@ -168,9 +168,23 @@ def _stream_session_id(request: Any, stream_sid: str | None) -> str:
     """The episode a RunEpisode step acts on: the stream's own."""
     if stream_sid is None:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the first step of RunEpisode must be create")
-    if request.session_id.strip() not in ("", stream_sid):
+    if getattr(request, "session_id", "").strip() not in ("", stream_sid):
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
     return stream_sid
+
+
+def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
+    """A call's input object ({} when unset)."""
+    return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
+
+
+async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
+    """Waits for a call to end: its result, or its failure when the tool raised."""
+    outcome = await call.outcome()
+    session.touch()
+    if outcome.result is not None:
+        return pb.CallToolResponse(result=_convert.run_tool_output_to_proto(outcome.result))
+    return pb.CallToolResponse(failure=pb.ToolFailure(message=outcome.failure or ""))
 
 
 class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
@@ -316,17 +330,15 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         if tool_call.task_id:
             call = session.calls.attach(tool_call.task_id)
         else:
-            tool_input = (
-                _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
-            )
-            call = session.calls.start(env, tool_call.name, tool_input)
+            call = session.calls.start(env, tool_call.name, _tool_input(tool_call))
         yield pb.CallToolResponse(task_id=call.task_id)
-        outcome = await call.outcome()
-        session.touch()
-        if outcome.result is not None:
-            yield pb.CallToolResponse(result=_convert.run_tool_output_to_proto(outcome.result))
-        else:
-            yield pb.CallToolResponse(failure=pb.ToolFailure(message=outcome.failure or ""))
+        yield await _outcome_event(session, call)
+
+    async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.CallToolResponse:
+        """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
+        session, env = await self._sessions.ready(_stream_session_id(step, stream_sid))
+        call = session.calls.start(env, step.name, _tool_input(step), task_id=step.task_id)
+        return await _outcome_event(session, call)
 
     @_unary
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
@@ -353,23 +365,23 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def RunEpisode(
         self, requests: AsyncIterator[pb.RunEpisodeRequest], context: Any
     ) -> AsyncIterator[pb.RunEpisodeResponse]:
-        """Answers each step in order. The episode ends with a `delete` step
-        only: grpc.aio ends the request iterator the same way on a half-close
-        and on a cancelled call, so the end of the stream cannot tell a done
-        client from a broken connection (whose episode must stay reachable,
-        to reattach a tool call)."""
+        """Answers each step in order, once. The episode ends with a `delete`
+        step only: grpc.aio ends the request iterator the same way on a
+        half-close and on a cancelled call, so the end of the stream cannot
+        tell a done client from a broken connection (whose episode must stay
+        reachable, to attach to a tool call)."""
         sid: str | None = None
         async for request in requests:
             step = request.WhichOneof("step")
             try:
                 if step == "create":
                     sid = await self._create_stream_episode(request.create, sid, context)
-                    yield pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
+                    answer = pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
                 else:
-                    async for response in self._episode_step(step, request, sid):
-                        yield response
+                    answer = await self._episode_step(step, request, sid)
             except Exception as exc:
-                yield pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
+                answer = pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
+            yield answer
 
     async def _create_stream_episode(self, request: pb.CreateEpisodeRequest, stream_sid: str | None, context: Any) -> str:
         if stream_sid is not None:
@@ -380,20 +392,17 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     async def _episode_step(
         self, step: str | None, request: pb.RunEpisodeRequest, stream_sid: str | None
-    ) -> AsyncIterator[pb.RunEpisodeResponse]:
-        """The answers to one step after `create`."""
+    ) -> pb.RunEpisodeResponse:
+        """The answer to one step after `create`."""
         if step == "get_prompt":
-            yield pb.RunEpisodeResponse(get_prompt=await self._prompt(_stream_session_id(request.get_prompt, stream_sid)))
-        elif step == "list_task_tools":
+            return pb.RunEpisodeResponse(get_prompt=await self._prompt(_stream_session_id(request.get_prompt, stream_sid)))
+        if step == "list_task_tools":
             tools = await self._task_tools(_stream_session_id(request.list_task_tools, stream_sid))
-            yield pb.RunEpisodeResponse(list_task_tools=tools)
-        elif step == "call_tool":
-            sid = _stream_session_id(request.call_tool, stream_sid)
-            async for event in self._call_events(sid, request.call_tool.call):
-                yield pb.RunEpisodeResponse(call_tool=event)
-        elif step == "delete":
+            return pb.RunEpisodeResponse(list_task_tools=tools)
+        if step == "call_tool":
+            return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
+        if step == "delete":
             sid = _stream_session_id(request.delete, stream_sid)
             await self._sessions.delete(sid)
-            yield pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=sid))
-        else:
-            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")
+            return pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=sid))
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")

@@ -31,6 +31,8 @@ logger = logging.getLogger("ors_grpc.tool_calls")
 EPISODE_FINISHED = "episode finished"
 # Seconds `release` waits for cancelled tool calls to end.
 RELEASE_WAIT_S = 10.0
+#: Longest task id a client may choose (RunEpisode's call_tool steps).
+MAX_TASK_ID_LENGTH = 128
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,17 @@ class SessionToolCalls:
     def in_flight(self) -> bool:
         return any(not call.done for call in self._calls.values())
 
-    def start(self, env: Environment, name: str, tool_input: dict[str, Any]) -> ToolCallTask:
-        task_id = uuid.uuid4().hex
+    def start(
+        self, env: Environment, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
+    ) -> ToolCallTask:
+        """Runs a call under `task_id` (the client's choice), else a new one."""
+        if task_id is None:
+            task_id = uuid.uuid4().hex
+        elif not 0 < len(task_id) <= MAX_TASK_ID_LENGTH:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           f"task_id must be 1 to {MAX_TASK_ID_LENGTH} characters")
+        elif task_id in self._calls:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "task_id is already in use in this session")
         task = asyncio.get_running_loop().create_task(
             self._run(env, name, tool_input), name=f"ors-tool-{name}-{task_id}"
         )

@@ -69,7 +69,8 @@ class BreakingProxy:
 
     upstream: grpc.aio.Channel
     cut: Optional[Cut] = None
-    call_requests: list[pb.CallToolRequest] = field(default_factory=list)
+    #: CallTool requests and RunEpisode call_tool steps, in order.
+    call_requests: list[pb.CallToolRequest | pb.ToolCallStep] = field(default_factory=list)
     #: (method name, x-session-id metadata or None) of every forwarded RPC.
     session_metadata: list[tuple[str, Optional[str]]] = field(default_factory=list)
     #: len(CountingEnv.finished) at each cut: 0 proves the tool was still running.
@@ -117,7 +118,7 @@ class BreakingProxy:
             try:
                 return await self.upstream.unary_unary(method)(request, metadata=_metadata(context))
             except grpc.aio.AioRpcError as error:
-                await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+                await context.abort(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
 
         return forward
 
@@ -133,7 +134,7 @@ class BreakingProxy:
                 if cut is not None:
                     await self._break(cut, context)
         except grpc.aio.AioRpcError as error:
-            await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+            await context.abort(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
         finally:
             stream.cancel()
 
@@ -141,7 +142,8 @@ class BreakingProxy:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         """Forwards in lockstep (the client sends a step only once the last one
-        was answered); a call_tool step may be cut like a CallTool stream."""
+        was answered); a call_tool step may be cut like a CallTool stream,
+        before it is forwarded or once the tool started."""
         upstream = self.upstream.stream_stream(RUN_EPISODE)(metadata=_metadata(context))
         try:
             async for request in requests:
@@ -153,19 +155,22 @@ class BreakingProxy:
                     if cut is not None and cut.before_first_event:
                         await context.abort(cut.code, "proxy broke the stream")
                 await upstream.write(request)
-                answer = await upstream.read()
-                yield answer
                 if cut is not None:
+                    await self._tool_started()
                     await self._break(cut, context)
-                if pb.RunEpisodeResponse.FromString(answer).call_tool.task_id:
-                    yield await upstream.read()  # the call's outcome
+                yield await upstream.read()
             await upstream.done_writing()
             while (answer := await upstream.read()) is not grpc.aio.EOF:
                 yield answer
         except grpc.aio.AioRpcError as error:
-            await context.abort(error.code(), error.details() or "", error.trailing_metadata())
+            await context.abort(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
         finally:
             upstream.cancel()
+
+    async def _tool_started(self) -> None:
+        runs = len(CountingEnv.runs)
+        while len(CountingEnv.runs) == runs:
+            await asyncio.sleep(0.01)
 
     async def _break(self, cut: Cut, context: grpc.aio.ServicerContext) -> None:
         self.finished_at_cut.append(len(CountingEnv.finished))
@@ -244,8 +249,8 @@ async def test_an_episode_stream_broken_mid_call_is_reattached_by_call_tool_and_
         assert (await client.health()).open_sessions == 0
 
     assert breaking.finished_at_cut == [0], "the stream must break while the tool runs"
-    first, second = breaking.call_requests
-    assert first.call.task_id == "" and second.call.task_id != ""
+    step, reattach = breaking.call_requests
+    assert step.task_id != "" and reattach.call.task_id == step.task_id  # the client chose the id
     assert CountingEnv.runs == [1] and CountingEnv.finished == [1]
     assert output.blocks == [TextBlock(text="run 1")]
     methods = [method for method, _ in breaking.session_metadata]
@@ -279,20 +284,25 @@ async def test_reattaching_gives_up_after_the_configured_attempts(proxy) -> None
     assert CountingEnv.runs == [1]
 
 
-async def test_an_episode_stream_broken_before_the_task_id_is_not_retried(proxy) -> None:
+async def test_an_episode_stream_broken_before_the_call_reached_the_server_says_the_tool_did_not_run(
+    proxy,
+) -> None:
     breaking, target = proxy
     breaking.cut = Cut(before_first_event=True)
     async with AsyncORSClient(target) as client:
         async with client.environment("countingenv").session(split="train", index=0) as session:
             with pytest.raises(ORSServerError) as broken:
                 await session.call_tool("slow_count", {"seconds": 0})
-            assert len(breaking.call_requests) == 1
             assert broken.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "the tool did not run" in broken.value.message
+            step, attach = breaking.call_requests
+            assert attach.call.task_id == step.task_id  # the attach found no such call
+            assert CountingEnv.runs == []
             # The next call goes by CallTool, to the same episode.
             assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
         assert (await client.health()).open_sessions == 0
     methods = [method for method, _ in breaking.session_metadata]
-    assert methods == ["RunEpisode", "CallTool", "DeleteEpisode", "DeleteSessionId", "Health"]
+    assert methods == ["RunEpisode", "CallTool", "CallTool", "DeleteEpisode", "DeleteSessionId", "Health"]
 
 
 async def test_keepalive_pings_keep_an_idle_session_from_being_reaped() -> None:

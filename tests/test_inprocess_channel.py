@@ -154,3 +154,12 @@ async def test_stopping_without_grace_ends_in_process_tool_calls_at_once():
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stream.read()
     assert error_reason(caught.value) == "ERROR_REASON_SESSION_DELETED"
+
+
+async def test_run_episode_is_not_served_in_process():
+    # The bridge makes one call per step; a stub calling RunEpisode in process gets a clear refusal.
+    async with stubs() as s:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            s.in_process.RunEpisode()
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "RunEpisode" in refused.value.details()

@@ -12,7 +12,7 @@ import base64
 import json
 from typing import Any, Mapping, Optional, Union
 
-from .._generated.ors.v1 import types_pb2
+from .._generated.ors.v1 import environment_service_pb2, types_pb2
 from ..types import ImageBlock, Split, TextBlock, ToolOutput, ToolSpec
 
 Block = Union[TextBlock, ImageBlock]
@@ -82,3 +82,7 @@ def split(message: types_pb2.Split) -> Split:
 
 def tool_call(name: str, tool_input: Mapping[str, Any], task_id: Optional[str]) -> types_pb2.ToolCall:
     return types_pb2.ToolCall(name=name, input=json_value(dict(tool_input)), task_id=task_id or "")
+
+
+def tool_call_step(name: str, tool_input: Mapping[str, Any], task_id: str) -> environment_service_pb2.ToolCallStep:
+    return environment_service_pb2.ToolCallStep(name=name, input=json_value(dict(tool_input)), task_id=task_id)

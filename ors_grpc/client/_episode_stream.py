@@ -1,16 +1,14 @@
 """One RunEpisode call: an episode's steps over a single bidirectional stream.
 
-Steps go one at a time (`turn`); a stream whose step did not complete (the
-RPC failed, or the caller was cancelled between a step and its answer) is
-out of step and is cancelled: the session then carries on over the
-per-step RPCs, which reach the same episode by its session id.
+Steps go one at a time, each answered by one response. A stream whose step
+did not complete (the RPC failed, or the caller was cancelled between a step
+and its answer) is out of step and is cancelled: the session then carries on
+over the per-step RPCs, which reach the same episode by its session id.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import AsyncIterator
 
 import grpc
 
@@ -32,39 +30,22 @@ class EpisodeStream:
         """Neither broken nor in the middle of another step."""
         return not self.broken and not self._lock.locked()
 
-    @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator["EpisodeStream"]:
-        """Exclusive use of the stream for one step and its answers."""
+    async def ask(self, request: pb.RunEpisodeRequest) -> pb.RunEpisodeResponse:
+        """One step and its answer. Raises AioRpcError when the stream failed or ended early."""
         async with self._lock:
-            yield self
-
-    async def send(self, request: pb.RunEpisodeRequest) -> None:
-        try:
-            await self._call.write(request)
-        except BaseException:
-            self.cancel()
-            raise
-
-    async def receive(self) -> pb.RunEpisodeResponse:
-        """The next answer. Raises AioRpcError when the stream failed or ended early."""
-        try:
-            response = await self._call.read()
-        except BaseException:
-            self.cancel()
-            raise
-        if response is grpc.aio.EOF:
+            try:
+                await self._call.write(request)
+                answer = await self._call.read()
+            except BaseException:
+                self.cancel()
+                raise
+        if answer is grpc.aio.EOF:
             self.cancel()
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
                 details="the RunEpisode stream ended before answering",
             )
-        return response
-
-    async def ask(self, request: pb.RunEpisodeRequest) -> pb.RunEpisodeResponse:
-        """One step answered by one response."""
-        async with self.turn():
-            await self.send(request)
-            return await self.receive()
+        return answer
 
     async def delete_episode(self, timeout: float) -> bool:
         """A `delete` step, then the end of the stream; True once the server

@@ -37,6 +37,8 @@ _CLEANUP_TIMEOUT_S = 10.0
 #: cancelled or reset by the server), not that the call failed: the tool runs
 #: on regardless, so the call can be reattached by task id.
 _STREAM_BROKEN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL}
+#: A reattach found no call with the task id: the call never reached the server.
+_UNKNOWN_TASK_ID = "ERROR_REASON_UNKNOWN_TASK_ID"
 #: The session is gone server-side: pinging it again is pointless.
 _SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
 
@@ -151,11 +153,12 @@ class AsyncSession:
 
         Raises ToolCallError when the server refused the call (unknown tool,
         bad input, episode finished), ToolFailedError when the tool raised,
-        ORSServerError when the RPC failed. A stream that breaks after the
-        call's task id arrived is reattached (never re-run) with backoff.
+        ORSServerError when the RPC failed. A stream that breaks once the
+        call's task id is known is reattached (never re-run) with backoff.
         """
         call = _PendingCall(name, _checked_input(input))
         session_id = self._live_id()
+        first_break: Optional[grpc.aio.AioRpcError] = None
         for attempt in range(self._reattach_attempts + 1):
             try:
                 stream = self._free_stream() if attempt == 0 else None
@@ -163,10 +166,14 @@ class AsyncSession:
                     return await _call_on_episode_stream(stream, call)
                 return await self._stream_call(call, session_id)
             except grpc.aio.AioRpcError as error:
-                # Before the task id arrived we cannot know whether the tool
+                failure = ORSServerError.from_rpc_error(error)
+                if first_break is not None and failure.reason == _UNKNOWN_TASK_ID:
+                    raise _never_started(first_break) from None
+                # Before the task id is known we cannot know whether the tool
                 # started, and running it twice is worse than failing.
                 if call.task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
-                    raise ORSServerError.from_rpc_error(error) from None
+                    raise failure from None
+                first_break = first_break or error
                 logger.info("call of %s broke (%s); reattaching by task id", name, error.code().name)
                 await asyncio.sleep(min(_REATTACH_BASE_DELAY_S * 2**attempt, _REATTACH_MAX_DELAY_S))
                 await self._connection.wait_ready(_RECONNECT_TIMEOUT_S)
@@ -255,20 +262,22 @@ def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> ToolOutput:
-    """A call_tool step: its task id (kept in `call`, to reattach), then its outcome."""
-    request = pb.RunEpisodeRequest(call_tool=pb.CallToolRequest(call=_convert.tool_call(call.name, call.input, None)))
-    async with stream.turn():
-        await stream.send(request)
-        answer = await stream.receive()
-        if answer.WhichOneof("step") == "call_tool":
-            call.task_id = answer.call_tool.task_id
-            answer = await stream.receive()
+    """A call_tool step under a task id chosen here (kept in `call`, to reattach); its outcome."""
+    call.task_id = uuid.uuid4().hex
+    answer = await stream.ask(pb.RunEpisodeRequest(call_tool=_convert.tool_call_step(call.name, call.input, call.task_id)))
     if answer.WhichOneof("step") == "error":
         raise ORSServerError.from_step_error(answer.error)
     event = answer.call_tool
     if event.WhichOneof("event") == "failure":
         raise ToolFailedError(call.name, event.failure.message)
     return _tool_result(call.name, event.result)
+
+
+def _never_started(stream_break: grpc.aio.AioRpcError) -> ORSServerError:
+    return ORSServerError(
+        stream_break.code(), "ERROR_REASON_UNSPECIFIED",
+        f"the stream broke before the call reached the server; the tool did not run ({stream_break.details()})",
+    )
 
 
 def _tool_result(name: str, result: Any) -> ToolOutput:

@@ -646,10 +646,10 @@ class RunEpisodeRequest(betterproto.Message):
     list_task_tools: "ListTaskToolsRequest" = betterproto.message_field(3, group="step")
     """Lists the episode's tools, as ListTaskTools."""
 
-    call_tool: "CallToolRequest" = betterproto.message_field(4, group="step")
+    call_tool: "ToolCallStep" = betterproto.message_field(4, group="step")
     """
-    Runs a tool, or attaches to a call by task id, as CallTool: answered
-     by two `call_tool` responses, the task id, then the result or failure.
+    Runs a tool, as CallTool; answered by the call's outcome (its result
+     or failure) only, since the client chose its task id.
     """
 
     delete: "DeleteEpisodeRequest" = betterproto.message_field(5, group="step")
@@ -659,11 +659,30 @@ class RunEpisodeRequest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class ToolCallStep(betterproto.Message):
+    """A tool call made as a RunEpisode step."""
+
+    name: str = betterproto.string_field(1)
+    """The tool's name."""
+
+    input: "JsonValue" = betterproto.message_field(2)
+    """
+    The tool's input, a JSON object matching its `input_schema`; unset means
+     `{}`.
+    """
+
+    task_id: str = betterproto.string_field(3)
+    """
+    The call's task id, chosen by the client (a UUID, say): required, 1 to
+     128 characters, unique among the episode's calls. If the stream breaks
+     before the outcome arrives, attach to the call with CallTool and this
+     id; an UNKNOWN_TASK_ID answer then means the tool never started.
+    """
+
+
+@dataclass(eq=False, repr=False)
 class RunEpisodeResponse(betterproto.Message):
-    """
-    One answer of a RunEpisode stream, to the step of the same position (two
-     for a `call_tool` step).
-    """
+    """One answer of a RunEpisode stream, to the step of the same position."""
 
     create: "CreateEpisodeResponse" = betterproto.message_field(1, group="step")
     """The episode was created; carries its session id."""
@@ -677,7 +696,9 @@ class RunEpisodeResponse(betterproto.Message):
     """The episode's tools."""
 
     call_tool: "CallToolResponse" = betterproto.message_field(4, group="step")
-    """One event of the call, as CallTool streams them."""
+    """
+    The call's outcome: a `result` or a `failure` event, as CallTool's last.
+    """
 
     delete: "DeleteEpisodeResponse" = betterproto.message_field(6, group="step")
     """The episode was deleted."""

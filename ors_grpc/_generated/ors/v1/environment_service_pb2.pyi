@@ -268,9 +268,19 @@ class RunEpisodeRequest(_message.Message):
     create: CreateEpisodeRequest
     get_prompt: GetPromptRequest
     list_task_tools: ListTaskToolsRequest
-    call_tool: CallToolRequest
+    call_tool: ToolCallStep
     delete: DeleteEpisodeRequest
-    def __init__(self, create: _Optional[_Union[CreateEpisodeRequest, _Mapping]] = ..., get_prompt: _Optional[_Union[GetPromptRequest, _Mapping]] = ..., list_task_tools: _Optional[_Union[ListTaskToolsRequest, _Mapping]] = ..., call_tool: _Optional[_Union[CallToolRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteEpisodeRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, create: _Optional[_Union[CreateEpisodeRequest, _Mapping]] = ..., get_prompt: _Optional[_Union[GetPromptRequest, _Mapping]] = ..., list_task_tools: _Optional[_Union[ListTaskToolsRequest, _Mapping]] = ..., call_tool: _Optional[_Union[ToolCallStep, _Mapping]] = ..., delete: _Optional[_Union[DeleteEpisodeRequest, _Mapping]] = ...) -> None: ...
+
+class ToolCallStep(_message.Message):
+    __slots__ = ("name", "input", "task_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    input: _types_pb2.JsonValue
+    task_id: str
+    def __init__(self, name: _Optional[str] = ..., input: _Optional[_Union[_types_pb2.JsonValue, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class RunEpisodeResponse(_message.Message):
     __slots__ = ("create", "get_prompt", "list_task_tools", "call_tool", "delete", "error")

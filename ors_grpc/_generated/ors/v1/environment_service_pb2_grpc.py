@@ -289,8 +289,9 @@ class EnvironmentServiceServicer:
     def RunEpisode(self, request_iterator, context):
         """Runs one episode over a single bidirectional stream, the cheap way to
         drive many short episodes: each request is one step of the episode,
-        answered in order, as the matching RPC above would answer it. A step
-        that fails is answered with a `StepError` and the stream goes on.
+        answered by one response, in order, as the matching RPC above would
+        answer it. A step that fails is answered with a `StepError` and the
+        stream goes on.
 
         The first step must be `create`; the last should be `delete`, after
         which the client half-closes and the server ends the stream with OK. A
