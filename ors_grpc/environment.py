@@ -84,16 +84,23 @@ def busy_user_code_threads() -> int:
     return _busy_threads
 
 
-async def run_user_code(fn: Callable[..., Any], *args: Any, sync_lock: asyncio.Lock | None = None) -> Any:
+async def run_user_code(
+    fn: Callable[..., Any], *args: Any, sync_lock: asyncio.Lock | None = None, on_loop: bool = False
+) -> Any:
     """Call user code without blocking the loop: await coroutine functions,
     run plain functions in a worker thread (awaiting what they may return).
 
     `sync_lock`, an episode's lock, keeps its synchronous code to one thread
     at a time: under the reference SDK sync code runs on the event loop and
     never overlaps, and environments written for it may rely on that.
+    `on_loop` (an environment's `sync_code_on_loop`) calls plain functions
+    on the loop instead, as the reference SDK does.
     """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
+    if on_loop:
+        result = fn(*args)
+        return await result if inspect.isawaitable(result) else result
     loop = asyncio.get_running_loop()
     async with sync_lock or contextlib.nullcontext():
         result = await loop.run_in_executor(_user_code_executor(), _counted, functools.partial(fn, *args))
@@ -160,6 +167,12 @@ class Environment(ABC):
     """
 
     toolsets: ClassVar[Sequence[type]] = ()
+    #: Run this environment's synchronous code (constructor, setup, prompt,
+    #: tools, task listing, teardown) on the event loop, as the reference SDK
+    #: does, instead of in a worker thread. It saves a thread round trip per
+    #: call, which matters for quick code; but a slow sync call then stalls
+    #: every session of the server. Async code is unaffected either way.
+    sync_code_on_loop: ClassVar[bool] = False
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         self.task_spec = task_spec
@@ -193,13 +206,13 @@ class Environment(ABC):
         if cache is None:
             cache = cls._num_tasks_cache = {}
         if split not in cache:
-            cache[split] = len(await run_user_code(cls.list_tasks, split))
+            cache[split] = len(await run_user_code(cls.list_tasks, split, on_loop=cls.sync_code_on_loop))
         return cache[split]
 
     @classmethod
     async def get_task(cls, split: str, index: int) -> JSONObject:
         """Task `index` of a split; by default lists the split and indexes it."""
-        tasks = await run_user_code(cls.list_tasks, split)
+        tasks = await run_user_code(cls.list_tasks, split, on_loop=cls.sync_code_on_loop)
         return tasks[index]
 
     @classmethod
@@ -305,9 +318,9 @@ class Environment(ABC):
                 arg = model(**input)
             except ValidationError as exc:
                 return RunToolOutput(RunToolError(error=f"Tool input validation error: {str(exc.errors())}"))
-            result = await run_user_code(fn, arg, sync_lock=sync_lock)
+            result = await run_user_code(fn, arg, sync_lock=sync_lock, on_loop=self.sync_code_on_loop)
         else:
-            result = await run_user_code(fn, sync_lock=sync_lock)
+            result = await run_user_code(fn, sync_lock=sync_lock, on_loop=self.sync_code_on_loop)
         if not isinstance(result, ToolOutput):
             raise TypeError(f"{name!r} returned {type(result).__name__}; expected ToolOutput")
         return RunToolOutput(RunToolSuccess(output=result))

@@ -83,7 +83,7 @@ class SessionCodeError(Exception):
 async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
     """Run one of a session's user code functions (prompt, task tools)."""
     try:
-        return await run_user_code(fn, sync_lock=session.sync_lock)
+        return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop)
     except Exception as exc:
         # `from None`: the original, unmasked message must not reach the log.
         raise SessionCodeError(f"{type(exc).__name__}: {session.redact(str(exc))}") from None
@@ -203,7 +203,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         return env_cls
 
     async def _splits(self, env_cls: type[Environment]) -> list[Split | str]:
-        return list(await run_user_code(env_cls.list_splits))
+        return list(await run_user_code(env_cls.list_splits, on_loop=env_cls.sync_code_on_loop))
 
     async def _check_split(self, env_cls: type[Environment], split: str) -> None:
         names = [_convert.split_to_proto(s).name for s in await self._splits(env_cls)]
@@ -213,7 +213,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
         await self._check_split(env_cls, split)
         try:
-            return await run_user_code(env_cls.get_task, split, index)
+            return await run_user_code(env_cls.get_task, split, index, on_loop=env_cls.sync_code_on_loop)
         except IndexError:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index") from None
 
@@ -244,7 +244,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         env_cls = self._env_cls(request.env_name)
         await self._check_split(env_cls, request.split)
         try:
-            tasks = await run_user_code(env_cls.list_tasks, request.split)
+            tasks = await run_user_code(env_cls.list_tasks, request.split, on_loop=env_cls.sync_code_on_loop)
         except NotImplementedError:
             raise ORSError(errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED, LISTING_UNSUPPORTED_MESSAGE) from None
         return pb.ListTasksResponse(
@@ -255,7 +255,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def NumTasks(self, request: pb.NumTasksRequest, context: Any) -> pb.NumTasksResponse:
         env_cls = self._env_cls(request.env_name)
         await self._check_split(env_cls, request.split)
-        return pb.NumTasksResponse(num_tasks=await run_user_code(env_cls.num_tasks, request.split))
+        num_tasks = await run_user_code(env_cls.num_tasks, request.split, on_loop=env_cls.sync_code_on_loop)
+        return pb.NumTasksResponse(num_tasks=num_tasks)
 
     @_unary
     async def GetTask(self, request: pb.GetTaskRequest, context: Any) -> pb.GetTaskResponse:
@@ -270,7 +271,9 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         start = request.start if request.HasField("start") else None
         stop = request.stop if request.HasField("stop") else None
         try:
-            tasks = await run_user_code(env_cls.get_task_range, request.split, start, stop)
+            tasks = await run_user_code(
+                env_cls.get_task_range, request.split, start, stop, on_loop=env_cls.sync_code_on_loop
+            )
         except IndexError:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index range") from None
         return pb.GetTaskRangeResponse(tasks=[_convert.task_to_proto(task) for task in tasks])

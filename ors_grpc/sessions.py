@@ -211,9 +211,10 @@ class SessionTable:
             logger.warning("setup_still_running_after_delete waited_s=%s", SETUP_STOP_WAIT_S)
 
     async def _run_setup_step(self, session: Session, fn: Any) -> Any:
-        session.setup_in_thread = not inspect.iscoroutinefunction(fn)
+        on_loop = session.env_cls.sync_code_on_loop
+        session.setup_in_thread = not (on_loop or inspect.iscoroutinefunction(fn))
         try:
-            return await run_user_code(fn, sync_lock=session.sync_lock)
+            return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=on_loop)
         finally:
             session.setup_in_thread = False
 
@@ -245,7 +246,9 @@ class SessionTable:
         if not _overrides(session.env, "teardown"):
             return
         try:
-            await run_user_code(session.env.teardown, sync_lock=session.sync_lock)
+            await run_user_code(
+                session.env.teardown, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop
+            )
         except Exception as exc:
             logger.warning("teardown_failed error_type=%s error=%s",
                            type(exc).__name__, session.redact(str(exc)))
