@@ -2,10 +2,13 @@
 
 Doors: ``reference`` (ors-sdk's FastAPI server under uvicorn), ``bridge`` (our
 HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service
-through our Python client, ``ors_grpc.client``); optionally ``grpc-raw`` (the
-gRPC service through the bare generated stubs, to see the client's share). Each door gets a fresh server process and a separate
-load-generator process (``bench.load``); the two HTTP doors are driven by the
-same aiohttp code.
+through our Python client, ``ors_grpc.client``, one RunEpisode stream per
+episode); ``bridge-on-loop`` and ``grpc-on-loop`` are the same with the
+environment's ``sync_code_on_loop`` set, so its sync code runs on the event
+loop as the reference runs it; optionally ``grpc-raw`` (the gRPC service
+through the bare generated stubs, one RPC per step). Each door gets a fresh
+server process and a separate load-generator process (``bench.load``); the
+HTTP doors are driven by the same aiohttp code.
 """
 
 import argparse
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field
 
 from bench.servers import REPO_ROOT, ServerProcess, ours_server, reference_server
 
-DOORS = ("reference", "bridge", "grpc")
+DOORS = ("reference", "bridge", "bridge-on-loop", "grpc", "grpc-on-loop")
 OPTIONAL_DOORS = ("grpc-raw",)
+ON_LOOP = "-on-loop"
 MIB = 1024 * 1024
 
 
@@ -57,13 +61,15 @@ def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[
     """A not yet started server for ``door`` and the ports it must print."""
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
-    if door == "bridge":
-        return ours_server(http=True), {"gRPC", "HTTP"}
-    return ours_server(http=False), {"gRPC"}
+    server = ours_server(http=door.startswith("bridge"))
+    if door.endswith(ON_LOOP):
+        server.extra_env["ORS_BENCH_SYNC_ON_LOOP"] = "1"  # read by bench/env.py
+    return server, {"gRPC", "HTTP"} if door.startswith("bridge") else {"gRPC"}
 
 
 def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     """(load-generator door kind, target address) of a started server."""
+    door = door.removesuffix(ON_LOOP)
     if door in ("grpc", "grpc-raw"):
         return door, f"127.0.0.1:{server.ports['gRPC']}"
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
@@ -131,13 +137,13 @@ def ratio(ours: float, reference: float) -> str:
 
 def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:
     print(f"\n## Closed loop: {args.workers} workers, {args.duration:g} s (after {args.warmup:g} s warm-up)")
-    print(f"{'door':<10} {'episodes/s':>10} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+    print(f"{'door':<14} {'episodes/s':>10} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
           f" {'eps vs ref':>10} {'p99 vs ref':>10} {'server CPU':>10} {'loadgen CPU':>11}")
     ref = results.get("reference")
     ref_load = ref.load if ref else None
     for door, res in results.items():
         if res.skipped:
-            print(f"{door:<10} skipped: {res.skipped}")
+            print(f"{door:<14} skipped: {res.skipped}")
             continue
         load = res.load
         eps = load["episodes"] / load["seconds"]
@@ -146,23 +152,23 @@ def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -
         if ref_load and door != "reference":
             eps_ratio = ratio(eps, ref_load["episodes"] / ref_load["seconds"])
             p99_ratio = ratio(load["tool_calls"]["p99"], ref_load["tool_calls"]["p99"])
-        print(f"{door:<10} {eps:>10.1f} {calls:>9.1f} {fmt_ms(load['tool_calls']['p50']):>8}"
+        print(f"{door:<14} {eps:>10.1f} {calls:>9.1f} {fmt_ms(load['tool_calls']['p50']):>8}"
               f" {fmt_ms(load['tool_calls']['p99']):>8} {load['errors']:>6} {eps_ratio:>10} {p99_ratio:>10}"
               f" {load['server_cpu']:>10.0%} {load['loadgen_cpu']:>11.0%}")
         if load["first_error"]:
-            print(f"{'':<10} first error: {load['first_error']}")
+            print(f"{'':<14} first error: {load['first_error']}")
 
 
 def print_image_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:
     print(f"\n## {args.image_mib:g} MiB image block from a tool: {args.image_calls} calls in a row")
-    print(f"{'door':<10} {'mean ms':>9} {'p50 ms':>9} {'max ms':>9} {'vs ref':>8}")
+    print(f"{'door':<14} {'mean ms':>9} {'p50 ms':>9} {'max ms':>9} {'vs ref':>8}")
     ref = results.get("reference")
     for door, res in results.items():
         if res.skipped or not res.image:
             continue
         lat = res.image["latency"]
         versus = ratio(lat["mean"], ref.image["latency"]["mean"]) if ref and ref.image and door != "reference" else ""
-        print(f"{door:<10} {fmt_ms(lat['mean']):>9} {fmt_ms(lat['p50']):>9} {fmt_ms(lat['p99']):>9} {versus:>8}")
+        print(f"{door:<14} {fmt_ms(lat['mean']):>9} {fmt_ms(lat['p50']):>9} {fmt_ms(lat['p99']):>9} {versus:>8}")
 
 
 def print_memory_table(results: list[MemoryResult]) -> None:
