@@ -15,9 +15,10 @@ label: there can be millions.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple, TypeVar
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
@@ -50,6 +51,7 @@ DURATION_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
 )
 UNKNOWN_TOOL = "unknown"
+TOOL_CALL_OUTCOMES = ("ok", "refused", "failed", "cancelled")
 
 OPEN_SESSIONS = Gauge("ors_open_sessions", "Sessions (episodes) held by this process.")
 SESSIONS_CREATED = Counter("ors_sessions_created", "Episodes created in this process.", ["environment"])
@@ -115,12 +117,30 @@ def _call_outcome(outcome: Any) -> str:
     return "ok" if outcome.result.root.ok else "refused"
 
 
+class _ToolMetrics(NamedTuple):
+    """One tool's metric children: `labels()` costs more than the update itself."""
+
+    in_flight: Any
+    seconds: Any
+    calls: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=4096)
+def _tool_metrics(env_cls: type, name: str) -> _ToolMetrics:
+    environment = environment_label(env_cls)
+    tool = tool_label(env_cls, name)
+    return _ToolMetrics(
+        TOOL_CALLS_IN_FLIGHT.labels(environment),
+        TOOL_CALL_SECONDS.labels(environment, tool),
+        {outcome: TOOL_CALLS.labels(environment, tool, outcome) for outcome in TOOL_CALL_OUTCOMES},
+    )
+
+
 async def timed_tool_call(env: Any, name: str, call: Awaitable[T]) -> T:
     """Await one tool call (a tool_calls.CallOutcome), counting it in flight
     while it runs and observing its duration and outcome."""
-    environment, tool = environment_label(type(env)), tool_label(env, name)
-    in_flight = TOOL_CALLS_IN_FLIGHT.labels(environment)
-    in_flight.inc()
+    metrics = _tool_metrics(type(env), name)
+    metrics.in_flight.inc()
     started = time.perf_counter()
     outcome = "cancelled"
     try:
@@ -128,9 +148,9 @@ async def timed_tool_call(env: Any, name: str, call: Awaitable[T]) -> T:
         outcome = _call_outcome(result)
         return result
     finally:
-        in_flight.dec()
-        TOOL_CALL_SECONDS.labels(environment, tool).observe(time.perf_counter() - started)
-        TOOL_CALLS.labels(environment, tool, outcome).inc()
+        metrics.in_flight.dec()
+        metrics.seconds.observe(time.perf_counter() - started)
+        metrics.calls[outcome].inc()
 
 
 # --- gRPC status codes, from a server interceptor --------------------------------

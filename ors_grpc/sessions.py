@@ -144,7 +144,8 @@ class SessionTable:
         )
         # A finished setup task is not kept (memory per idle session).
         session.setup_task.add_done_callback(lambda _: setattr(session, "setup_task", None))
-        logger.info("session_created env=%s", env_cls.name().lower())
+        # DEBUG: a training loop opens hundreds of sessions a second.
+        logger.debug("session_created env=%s", env_cls.name().lower())
         return session
 
     def check_can_create(self, sid: str) -> None:
@@ -184,7 +185,7 @@ class SessionTable:
         await session.calls.release()
         if session.env is not None:
             await self._tear_down(session)
-        logger.info("session_deleted")
+        logger.debug("session_deleted")
 
     async def close(self) -> None:
         """Stop the reaper and end every session."""

@@ -147,3 +147,23 @@ async def test_calls_rejected_by_the_key_check_are_counted_by_code() -> None:
         error = await expect_error(stub.ListEnvironments(pb.ListEnvironmentsRequest()))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     assert sample("ors_grpc_handled_total", **labels) - before == 1
+
+
+async def test_an_episode_over_run_episode_counts_one_rpc_and_its_tool_calls() -> None:
+    rpc = {"method": "RunEpisode", "code": "OK"}
+    calls = {"environment": "echoenv", "tool": "echo", "outcome": "ok"}
+    before = sample("ors_grpc_handled_total", **rpc), sample("ors_tool_calls_total", **calls)
+    async with serving() as stub:
+        episode = stub.RunEpisode()
+        create = pb.CreateEpisodeRequest(env_name="echoenv", task_index=pb.TaskIndex(split="train", index=0))
+        for step in (
+            pb.RunEpisodeRequest(create=create),
+            pb.RunEpisodeRequest(call_tool=pb.ToolCallStep(name="echo", input={"json": '{"text": "hi"}'}, task_id="1")),
+            pb.RunEpisodeRequest(delete=pb.DeleteEpisodeRequest()),
+        ):
+            await episode.write(step)
+            assert (await episode.read()).WhichOneof("step") != "error"
+        await episode.done_writing()
+        assert await episode.code() == grpc.StatusCode.OK
+    after = sample("ors_grpc_handled_total", **rpc), sample("ors_tool_calls_total", **calls)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
