@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Iterator
 
@@ -37,9 +38,9 @@ def client(serve: ServeProcess) -> Iterator[ORSClient]:
         yield client
 
 
-@pytest.fixture
-async def aclient(serve: ServeProcess):
-    async with AsyncORSClient(serve.grpc_target) as client:
+@pytest.fixture(params=[True, False], ids=["run-episode-stream", "rpc-per-step"])
+async def aclient(serve: ServeProcess, request: pytest.FixtureRequest):
+    async with AsyncORSClient(serve.grpc_target, stream_episodes=request.param) as client:
         yield client
 
 
@@ -155,6 +156,22 @@ def test_server_errors_carry_reason_and_message(client: ORSClient) -> None:
         with env.session(split="train", index=99):
             pass
     assert bad_index.value.reason == "ERROR_REASON_INVALID_INDEX"
+    assert bad_index.value.code.name == "INVALID_ARGUMENT"
+    assert client.health().open_sessions == 0
+
+
+async def test_concurrent_calls_in_one_session_all_get_their_own_results(aclient: AsyncORSClient) -> None:
+    # With the episode stream, one call takes the stream and the others go by CallTool.
+    async with aclient.environment("echoenv").session(split="train", index=0) as session:
+        outputs = await asyncio.gather(
+            session.call_tool("sleep", {"seconds": 0.2}),
+            *(session.call_tool("echo", {"text": str(n)}) for n in range(5)),
+            session.get_prompt(),
+        )
+        assert [o.blocks[0].text for o in outputs[:6]] == ["slept", "0", "1", "2", "3", "4"]
+        assert outputs[6] == [TextBlock(text="Say hello")]
+        assert (await session.call_tool("echo", {"text": "after"})).blocks == [TextBlock(text="after")]
+    assert (await aclient.health()).open_sessions == 0
 
 
 def test_session_arguments_are_checked(client: ORSClient) -> None:

@@ -69,6 +69,8 @@ class BreakingProxy:
 
     upstream: grpc.aio.Channel
     cut: Optional[Cut] = None
+    #: Answer RunEpisode UNIMPLEMENTED, as a server from before it would.
+    without_run_episode: bool = False
     #: CallTool requests and RunEpisode call_tool steps, in order.
     call_requests: list[pb.CallToolRequest | pb.ToolCallStep] = field(default_factory=list)
     #: (method name, x-session-id metadata or None) of every forwarded RPC.
@@ -108,6 +110,8 @@ class BreakingProxy:
                 if details.method == CALL_TOOL:
                     return grpc.unary_stream_rpc_method_handler(proxy._forward_call_tool)
                 if details.method == RUN_EPISODE:
+                    if proxy.without_run_episode:
+                        return None  # grpc answers UNIMPLEMENTED
                     return grpc.stream_stream_rpc_method_handler(proxy._forward_run_episode)
                 return grpc.unary_unary_rpc_method_handler(proxy._forward_unary(details.method))
 
@@ -303,6 +307,19 @@ async def test_an_episode_stream_broken_before_the_call_reached_the_server_says_
         assert (await client.health()).open_sessions == 0
     methods = [method for method, _ in breaking.session_metadata]
     assert methods == ["RunEpisode", "CallTool", "CallTool", "DeleteEpisode", "DeleteSessionId", "Health"]
+
+
+async def test_a_server_without_run_episode_gets_one_rpc_per_step(proxy) -> None:
+    breaking, target = proxy
+    breaking.without_run_episode = True
+    async with AsyncORSClient(target) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            assert await session.get_prompt() == [TextBlock(text="Say hello")]
+            assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
+    methods = [method for method, _ in breaking.session_metadata]
+    assert methods == [
+        "RunEpisode", "CreateSessionId", "CreateEpisode", "GetPrompt", "CallTool", "DeleteEpisode", "DeleteSessionId",
+    ]
 
 
 async def test_keepalive_pings_keep_an_idle_session_from_being_reaped() -> None:

@@ -86,19 +86,26 @@ class AsyncSession:
         """Opens a RunEpisode stream and creates the episode on it; False when
         the server has no RunEpisode (an older ors-grpc)."""
         # Minted here, not by the server, so that the stream's metadata carries
-        # it (load balancers route a session's calls by `x-session-id`).
-        self._create_request.session_id = str(uuid.uuid4())
-        stream = EpisodeStream(self._connection.run_episode_stream(self._create_request.session_id))
+        # it (load balancers route a session's calls by `x-session-id`), and so
+        # that an episode whose creation was cut short can still be deleted.
+        self.session_id = self._create_request.session_id = str(uuid.uuid4())
+        stream = EpisodeStream(self._connection.run_episode_stream(self.session_id))
         try:
             answer = await stream.ask(pb.RunEpisodeRequest(create=self._create_request))
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.session_id = None
                 return False
+            await asyncio.shield(self._release())
             raise ORSServerError.from_rpc_error(error) from None
+        except BaseException:  # cancelled: the server may have created it already
+            await asyncio.shield(self._release())
+            raise
         if answer.WhichOneof("step") == "error":
-            stream.cancel()  # no episode was created on it
+            stream.cancel()
+            self.session_id = None  # not created (maybe someone else's: never delete it)
             raise ORSServerError.from_step_error(answer.error)
-        self.session_id, self._stream = answer.create.session_id, stream
+        self._stream = stream
         return True
 
     async def _create_by_rpcs(self) -> None:
