@@ -36,6 +36,8 @@ class DoorResult:
     load: dict | None = None
     image: dict | None = None
     skipped: str | None = None
+    #: Episodes/s of every round; `load` is the median round's.
+    rounds: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -75,8 +77,8 @@ def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
 
 
-def measure_door(door: str, args: argparse.Namespace) -> DoorResult:
-    """Closed-loop episodes, then the large image, on one fresh server."""
+def measure_door(door: str, args: argparse.Namespace, with_image: bool) -> DoorResult:
+    """Closed-loop episodes, then (`with_image`) the large image, on one fresh server."""
     result = DoorResult(door)
     server, ports = server_for(door, args)
     server.extra_env["ORS_BENCH_IMAGE_BYTES"] = str(int(args.image_mib * MIB))
@@ -92,9 +94,33 @@ def measure_door(door: str, args: argparse.Namespace) -> DoorResult:
         result.load = run_load(kind, target, "episodes", timeout, workers=args.workers,
                                warmup=args.warmup, duration=args.duration)
         result.load["server_cpu"] = (server.cpu_seconds() - cpu_before) / (time.perf_counter() - wall_before)
-        if args.image_calls:
+        if with_image and args.image_calls:
             result.image = run_load(kind, target, "image", 300, count=args.image_calls)
     return result
+
+
+def episodes_per_second(result: DoorResult) -> float:
+    return result.load["episodes"] / result.load["seconds"]
+
+
+def median_round(rounds: list[DoorResult]) -> DoorResult:
+    """The round with the median episodes/s (the image figures of the first round)."""
+    measured = sorted((r for r in rounds if not r.skipped), key=episodes_per_second)
+    if not measured:
+        return rounds[0]
+    median = measured[(len(measured) - 1) // 2]
+    median.image = rounds[0].image
+    median.rounds = [episodes_per_second(r) for r in rounds if not r.skipped]
+    return median
+
+
+def measure_doors(args: argparse.Namespace) -> dict[str, DoorResult]:
+    """Every door in turn, `args.rounds` times (a slow spell of a shared
+    machine then hits one round of every door, not every round of one)."""
+    rounds = [
+        {door: measure_door(door, args, with_image=n == 0) for door in args.doors} for n in range(args.rounds)
+    ]
+    return {door: median_round([r[door] for r in rounds]) for door in args.doors}
 
 
 def measure_memory(label: str, door: str, args: argparse.Namespace) -> MemoryResult:
@@ -157,6 +183,10 @@ def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -
               f" {load['server_cpu']:>10.0%} {load['loadgen_cpu']:>11.0%}")
         if load["first_error"]:
             print(f"{'':<14} first error: {load['first_error']}")
+    if args.rounds > 1:
+        print(f"episodes/s in each of {args.rounds} rounds (rows above: each door's median round):")
+        for door, res in results.items():
+            print(f"{door:<14} " + "  ".join(f"{eps:.1f}" for eps in res.rounds))
 
 
 def print_image_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:
@@ -218,7 +248,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--doors", default=",".join(DOORS),
                         help="comma-separated, from: " + ", ".join(DOORS + OPTIONAL_DOORS))
     parser.add_argument("--workers", type=int, default=32, help="concurrent closed-loop workers (32)")
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per door (10)")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per door and round (10)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="closed-loop rounds over all doors; each door's median round is reported (3)")
     parser.add_argument("--warmup", type=float, default=2.0, help="uncounted seconds before (2)")
     parser.add_argument("--image-mib", type=float, default=8.0, help="image block size in MiB (8)")
     parser.add_argument("--image-calls", type=int, default=5, help="image calls per door, 0 to skip (5)")
@@ -250,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scaleout:
         from bench.scaleout import run
         return run(args)
-    results = {door: measure_door(door, args) for door in args.doors}
+    results = measure_doors(args)
     print_load_table(results, args)
     if args.image_calls:
         print_image_table(results, args)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_bench_runs_every_door_briefly():
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+        [sys.executable, "-m", "bench", "--workers", "2", "--warmup", "0", "--duration", "0.3", "--rounds", "2",
          "--image-mib", "0.0625", "--image-calls", "1", "--sessions", "10"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
@@ -22,7 +22,7 @@ def test_bench_runs_every_door_briefly():
     report = done.stdout
     assert "skipped" not in report, report
     assert "first error" not in report, report
-    for door in ("reference", "bridge", "grpc"):
-        assert any(line.startswith(door) for line in report.splitlines()), (door, report)
-    for heading in ("## Closed loop", "MiB image block", "## Resident memory"):
+    for door in ("reference", "bridge", "bridge-on-loop", "grpc", "grpc-on-loop"):
+        assert any(line.startswith(door + " ") for line in report.splitlines()), (door, report)
+    for heading in ("## Closed loop", "episodes/s in each of 2 rounds", "MiB image block", "## Resident memory"):
         assert heading in report, report
