@@ -386,9 +386,12 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                 answer = pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
             yield answer
 
-    async def _create_stream_episode(self, request: pb.CreateEpisodeRequest, stream_sid: str | None, context: Any) -> str:
+    async def _create_stream_episode(
+        self, request: pb.CreateEpisodeRequest, stream_sid: str | None, context: Any
+    ) -> str:
         if stream_sid is not None:
-            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the stream's episode exists already")
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           "this stream has had its episode; open a new stream for another")
         sid = _session_id(request, context, mint=True)
         await self._create_episode(sid, request)
         return sid
@@ -398,7 +401,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     ) -> pb.RunEpisodeResponse:
         """The answer to one step after `create`."""
         if step == "get_prompt":
-            return pb.RunEpisodeResponse(get_prompt=await self._prompt(_stream_session_id(request.get_prompt, stream_sid)))
+            prompt = await self._prompt(_stream_session_id(request.get_prompt, stream_sid))
+            return pb.RunEpisodeResponse(get_prompt=prompt)
         if step == "list_task_tools":
             tools = await self._task_tools(_stream_session_id(request.list_task_tools, stream_sid))
             return pb.RunEpisodeResponse(list_task_tools=tools)

@@ -102,7 +102,7 @@ async def test_a_failed_step_is_answered_with_its_error_and_the_stream_goes_on(s
     assert unknown_env.error.code == grpc.StatusCode.NOT_FOUND.value[0]
     sid = (await episode.create()).create.session_id
     again = await episode.create()
-    assert again.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST
+    assert again.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST and "new stream" in again.error.message
 
     other = await episode.step(get_prompt=pb.GetPromptRequest(session_id="someone-else"))
     assert "not this stream's episode" in other.error.message
