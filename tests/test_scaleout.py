@@ -1,5 +1,6 @@
 """Scale-out: 3 `ors-grpc serve` backends behind nginx (consistent hash on x-session-id) behind two
-stateless `ors-grpc bridge` processes, driven by the unmodified `ors.client` (ors-sdk).
+stateless `ors-grpc bridge` processes, driven by the unmodified `ors.client` (ors-sdk), and nginx
+driven directly by our Python client (RunEpisode streams).
 
 Affinity is checked from two independent sides: every tool output carries the
 pid of the backend that ran it (tests/scaleout_env.py), and each backend's own
@@ -25,6 +26,7 @@ import pytest
 from ors.client import AsyncORS
 
 from deploy.nginx.run_topology import REPO_ROOT, Topology, find_nginx
+from ors_grpc.client import AsyncORSClient
 from tests.metrics_scrape import scrape, total, value
 from tests.scaleout_env import TASKS
 
@@ -124,6 +126,29 @@ async def test_300_episodes_each_session_on_one_backend_and_every_backend_used(t
         samples = await scrape(bridge.metrics_url)
         calls = value(samples, "ors_bridge_requests_total", route="/{env}/call", method="POST", status="200")
         assert calls == 3 * EPISODES / BRIDGES
+
+
+async def test_our_clients_episode_streams_and_their_side_rpcs_reach_one_backend(topology: Topology) -> None:
+    # Through nginx straight to the backends: each episode runs on a RunEpisode
+    # stream, and a call made while the stream is busy goes by CallTool; both
+    # carry the session's x-session-id, so both reach the backend holding it.
+    async def episode(env, index: int) -> tuple[int, ...]:
+        task = TASKS[index % len(TASKS)]
+        async with env.session(split="train", index=index % len(TASKS)) as session:
+            on_stream, beside = await asyncio.gather(
+                session.call_tool("add", {"a": task["a"], "b": 0}), session.call_tool("add", {"a": 0, "b": task["b"]})
+            )
+            total_ = int(on_stream.blocks[0].text) + int(beside.blocks[0].text)
+            result = await session.call_tool("submit", {"answer": total_})
+        assert (result.reward, result.finished) == (1.0, True)
+        return tuple(output.metadata["pid"] for output in (on_stream, beside, result))
+
+    async with AsyncORSClient(topology.nginx_target) as client:
+        env = client.environment(ENVIRONMENT)
+        pids = await asyncio.gather(*(episode(env, index) for index in range(60)))
+        assert (await client.health()).status == "ok"
+    assert all(len(set(episode_pids)) == 1 for episode_pids in pids), pids
+    assert {episode_pids[0] for episode_pids in pids} == {backend.pid for backend in topology.backends}
 
 
 async def call_failure(coroutine) -> Exception:
