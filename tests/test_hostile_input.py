@@ -300,6 +300,32 @@ def test_every_rpc_answers_well_typed_garbage_with_a_client_error(live: Live, ch
     check()
 
 
+def test_any_sequence_of_run_episode_steps_gets_one_answer_per_step(live: Live, channel: grpc.Channel) -> None:
+    run_episode = channel.stream_stream(
+        f"/{SERVICE.full_name}/RunEpisode",
+        request_serializer=pb.RunEpisodeRequest.SerializeToString,
+        response_deserializer=pb.RunEpisodeResponse.FromString,
+    )
+    steps = st.lists(_message(pb.RunEpisodeRequest.DESCRIPTOR, live).map(lambda kw: pb.RunEpisodeRequest(**kw)),
+                     max_size=6)
+
+    @given(steps=steps)
+    @HYPOTHESIS
+    def check(steps: list[pb.RunEpisodeRequest]) -> None:
+        answers = list(run_episode(iter(steps), timeout=30))
+        assert len(answers) == len(steps)
+        for step, answer in zip(steps, answers):
+            if answer.WhichOneof("step") == "error":
+                code = _code_by_number(answer.error.code)
+                _assert_grpc_client_error(code, answer.error.message, f"RunEpisode.{step.WhichOneof('step')}")
+
+    check()
+
+
+def _code_by_number(number: int) -> grpc.StatusCode:
+    return next(code for code in grpc.StatusCode if code.value[0] == number)
+
+
 @pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)
 def test_an_oversized_request_is_resource_exhausted_on_every_rpc(channel: grpc.Channel, method: Any) -> None:
     code, details = _call_code(_callable(channel, method), b"\x00" * (LIMIT_BYTES + 1024))
