@@ -142,6 +142,28 @@ async def test_async_session_is_deleted_when_the_body_raises(aclient: AsyncORSCl
         await session.get_prompt()
 
 
+@pytest.mark.parametrize("stream_episodes", [True, False], ids=["run-episode-stream", "rpc-per-step"])
+async def test_closing_the_client_ends_the_episodes_still_open(serve: ServeProcess, stream_episodes: bool) -> None:
+    async with AsyncORSClient(serve.grpc_target) as watcher:
+        open_before = (await watcher.health()).open_sessions
+        closing = AsyncORSClient(serve.grpc_target, stream_episodes=stream_episodes)
+        env = closing.environment("echoenv")
+        for index in (0, 1):
+            await env.session(split="train", index=index).__aenter__()  # never exited
+        assert (await watcher.health()).open_sessions == open_before + 2
+        await closing.close()
+        assert (await watcher.health()).open_sessions == open_before
+
+
+def test_closing_the_sync_client_ends_the_episodes_still_open(serve: ServeProcess, client: ORSClient) -> None:
+    open_before = client.health().open_sessions
+    closing = ORSClient(serve.grpc_target)
+    closing.environment("echoenv").session(split="test", index=0).__enter__()  # never exited
+    assert client.health().open_sessions == open_before + 1
+    closing.close()
+    assert client.health().open_sessions == open_before
+
+
 def test_server_errors_carry_reason_and_message(client: ORSClient) -> None:
     with pytest.raises(ORSServerError) as unknown_env:
         client.environment("nowhere").list_splits()

@@ -37,6 +37,8 @@ class Connection:
         ]
         self._channel: Optional[grpc.aio.Channel] = None
         self._stub: Optional[environment_service_pb2_grpc.EnvironmentServiceStub] = None
+        #: Sessions (AsyncSession) whose episode is open: `close` ends them first.
+        self.open_sessions: set[Any] = set()
 
     @property
     def stub(self) -> environment_service_pb2_grpc.EnvironmentServiceStub:
@@ -85,6 +87,9 @@ class Connection:
             pass  # the next call fails with UNAVAILABLE and is counted as an attempt
 
     async def close(self) -> None:
+        """Ends the episodes still open on this connection (nothing is left to
+        the server's reaper), then closes the channel."""
+        await asyncio.gather(*(session.close() for session in list(self.open_sessions)))
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

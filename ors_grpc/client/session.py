@@ -79,6 +79,7 @@ class AsyncSession:
     async def __aenter__(self) -> "AsyncSession":
         if not (self._stream_episode and await self._create_on_stream()):
             await self._create_by_rpcs()
+        self._connection.open_sessions.add(self)
         self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
         return self
 
@@ -234,6 +235,7 @@ class AsyncSession:
         DeleteSessionId; each bounded and best effort."""
         session_id, self.session_id = self.session_id, None
         stream, self._stream = self._stream, None
+        self._connection.open_sessions.discard(self)
         if session_id is None:
             return
         if stream is not None and await stream.delete_episode(_CLEANUP_TIMEOUT_S):
