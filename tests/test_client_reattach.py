@@ -71,6 +71,8 @@ class BreakingProxy:
     cut: Optional[Cut] = None
     #: Answer RunEpisode UNIMPLEMENTED, as a server from before it would.
     without_run_episode: bool = False
+    #: Unary method name -> how many of its next calls to answer UNAVAILABLE.
+    unavailable: dict[str, int] = field(default_factory=dict)
     #: CallTool requests and RunEpisode call_tool steps, in order.
     call_requests: list[pb.CallToolRequest | pb.ToolCallStep] = field(default_factory=list)
     #: (method name, x-session-id metadata or None) of every forwarded RPC.
@@ -119,6 +121,10 @@ class BreakingProxy:
 
     def _forward_unary(self, method: str):
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            name = method.rsplit("/", 1)[-1]
+            if self.unavailable.get(name):
+                self.unavailable[name] -= 1
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "proxy: no backend right now")
             try:
                 return await self.upstream.unary_unary(method)(request, metadata=_metadata(context))
             except grpc.aio.AioRpcError as error:
@@ -320,6 +326,27 @@ async def test_a_server_without_run_episode_gets_one_rpc_per_step(proxy) -> None
     assert methods == [
         "RunEpisode", "CreateSessionId", "CreateEpisode", "GetPrompt", "CallTool", "DeleteEpisode", "DeleteSessionId",
     ]
+
+
+async def test_idempotent_calls_are_retried_on_unavailable_and_creating_an_episode_is_not(proxy) -> None:
+    breaking, target = proxy
+    async with AsyncORSClient(target, stream_episodes=False) as client:
+        env = client.environment("countingenv")
+        breaking.unavailable = {"ListSplits": 2, "GetPrompt": 1, "DeleteEpisode": 1}
+        assert [split.name for split in await env.list_splits()] == ["train", "test"]
+        async with env.session(split="train", index=0) as session:
+            assert await session.get_prompt() == [TextBlock(text="Say hello")]
+        assert (await client.health()).open_sessions == 0  # the retried delete went through
+
+        breaking.unavailable = {"CreateEpisode": 1}
+        with pytest.raises(ORSServerError) as refused:
+            async with env.session(split="train", index=0):
+                pass
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    methods = [method for method, _ in breaking.session_metadata]
+    assert methods.count("ListSplits") == 3 and methods.count("GetPrompt") == 2
+    assert methods.count("DeleteEpisode") == 3  # 2 for the first session, 1 for the refused one
+    assert methods.count("CreateEpisode") == 2  # 1 for each session: never retried
 
 
 async def test_keepalive_pings_keep_an_idle_session_from_being_reaped() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Optional
 
 import grpc
@@ -16,6 +17,27 @@ SESSION_ID_METADATA_KEY = "x-session-id"
 API_KEY_METADATA_KEY = "x-api-key"
 
 Metadata = tuple[tuple[str, str], ...]
+
+#: RPCs that may run twice without harm: grpc retries them when the server
+#: answers UNAVAILABLE (restarting, or a proxy without a live backend).
+#: Not CreateEpisode (a second try would find the first one's session),
+#: CallTool (reattached by task id instead) nor RunEpisode.
+IDEMPOTENT_RPCS = (
+    "Health", "Version", "ListEnvironments", "ListTools", "ListSplits", "ListTasks", "NumTasks", "GetTask",
+    "GetTaskRange", "CreateSessionId", "GetPrompt", "ListTaskTools", "Ping", "DeleteEpisode", "DeleteSessionId",
+)
+RETRY_SERVICE_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": "ors.v1.EnvironmentService", "method": method} for method in IDEMPOTENT_RPCS],
+        "retryPolicy": {
+            "maxAttempts": 5,
+            "initialBackoff": "0.1s",
+            "maxBackoff": "2s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }],
+})
 
 
 class Connection:
@@ -34,6 +56,7 @@ class Connection:
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.service_config", RETRY_SERVICE_CONFIG),
         ]
         self._channel: Optional[grpc.aio.Channel] = None
         self._stub: Optional[environment_service_pb2_grpc.EnvironmentServiceStub] = None
