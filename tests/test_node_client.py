@@ -38,6 +38,8 @@ def test_node_client_full_episode() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok - image block carries raw bytes, mime type and detail" in result.stdout
     assert "ok - an unknown tool is a tool-level error" in result.stdout
+    assert "ok - RunEpisode: a failed step answers with a StepError and the stream goes on" in result.stdout
+    assert "ok - RunEpisode: the delete step ends the episode" in result.stdout
     assert result.stdout.rstrip().endswith("episode complete")
 
 

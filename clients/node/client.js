@@ -120,9 +120,47 @@ class ORSClient {
     });
   }
 
+  // A RunEpisode stream for a new episode (see EpisodeStream).
+  episodeStream(sessionId) {
+    return new EpisodeStream(this.stub.RunEpisode(this.metadata(sessionId)));
+  }
+
   close() {
     this.stub.close();
   }
 }
 
-module.exports = { ORSClient, ORSError, decodeBlock, jsonValue, parseJson };
+// One RunEpisode call: `step(request)` writes one step and resolves to its
+// one answer (answers come in order); a step that failed answers with
+// `{step: "error", error: {code, reason, message}}`. `end()` half-closes and
+// resolves when the server ended the stream.
+class EpisodeStream {
+  constructor(call) {
+    this.call = call;
+    this.waiting = [];
+    this.ended = new Promise((resolve, reject) => {
+      call.on("end", resolve);
+      call.on("error", (error) => {
+        const failure = new ORSError(error);
+        for (const { reject: fail } of this.waiting.splice(0)) fail(failure);
+        reject(failure);
+      });
+    });
+    this.ended.catch(() => {}); // also reported to every waiting step
+    call.on("data", (answer) => this.waiting.shift().resolve(answer));
+  }
+
+  step(request) {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ resolve, reject });
+      this.call.write(request);
+    });
+  }
+
+  end() {
+    this.call.end();
+    return this.ended;
+  }
+}
+
+module.exports = { EpisodeStream, ORSClient, ORSError, decodeBlock, decodeToolOutput, jsonValue, parseJson };

@@ -7,7 +7,8 @@
 "use strict";
 
 const assert = require("node:assert/strict");
-const { ORSClient, ORSError, parseJson } = require("./client");
+const { randomUUID } = require("node:crypto");
+const { ORSClient, ORSError, decodeToolOutput, jsonValue, parseJson } = require("./client");
 
 const ENV_NAME = "echoenv";
 const IMAGE_SIZE = 300;
@@ -91,6 +92,41 @@ async function runEpisode(client, sessionId, spec) {
   });
 }
 
+// The same kind of episode over one RunEpisode stream: one answer per step.
+async function runEpisodeOnOneStream(client, spec) {
+  const sessionId = randomUUID(); // ours, so the stream's metadata carries it
+  const stream = client.episodeStream(sessionId);
+  const created = await stream.step({
+    create: { session_id: sessionId, env_name: ENV_NAME, task_index: { split: "train", index: 1 } },
+  });
+  check("RunEpisode: create answers with our session id", () => assert.equal(created.create.session_id, sessionId));
+  const prompt = await stream.step({ get_prompt: {} });
+  check("RunEpisode: the prompt is the task's question", () =>
+    assert.equal(prompt.get_prompt.blocks[0].text.text, spec.question),
+  );
+  const call = (name, input) => stream.step({ call_tool: { name, input: jsonValue(input), task_id: randomUUID() } });
+  const added = await call("add", { a: 40, b: 2 });
+  check("RunEpisode: a call_tool step answers with the call's result", () =>
+    assert.equal(decodeToolOutput(added.call_tool.result.output).blocks[0].text, "42"),
+  );
+  const refused = await stream.step({ get_prompt: { session_id: "someone-else" } });
+  check("RunEpisode: a failed step answers with a StepError and the stream goes on", () => {
+    assert.equal(refused.step, "error");
+    assert.equal(refused.error.reason, "ERROR_REASON_INVALID_REQUEST");
+    assert.equal(refused.error.code, 3); // INVALID_ARGUMENT
+  });
+  const submitted = await call("submit", { answer: spec.answer });
+  check("RunEpisode: submitting ends the episode with reward 1", () => {
+    const output = decodeToolOutput(submitted.call_tool.result.output);
+    assert.equal(output.reward, 1);
+    assert.equal(output.finished, true);
+  });
+  const deleted = await stream.step({ delete: {} });
+  check("RunEpisode: the delete step ends the episode", () => assert.equal(deleted.delete.session_id, sessionId));
+  await stream.end();
+  await expectSessionGone(client, sessionId);
+}
+
 async function expectSessionGone(client, sessionId) {
   try {
     await client.unary("GetPrompt", { session_id: sessionId });
@@ -117,6 +153,7 @@ async function main() {
       await client.unary("DeleteSessionId", { session_id: sessionId });
     }
     await expectSessionGone(client, sessionId);
+    await runEpisodeOnOneStream(client, spec);
     console.log("episode complete");
   } finally {
     client.close();
