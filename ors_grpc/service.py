@@ -167,7 +167,7 @@ def _new_session_id() -> str:
 def _stream_session_id(request: Any, stream_sid: str | None) -> str:
     """The episode a RunEpisode step acts on: the stream's own."""
     if stream_sid is None:
-        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the first step of RunEpisode must be create")
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "no episode on this stream: create one first")
     if getattr(request, "session_id", "").strip() not in ("", stream_sid):
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
     return stream_sid
@@ -368,11 +368,11 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def RunEpisode(
         self, requests: AsyncIterator[pb.RunEpisodeRequest], context: Any
     ) -> AsyncIterator[pb.RunEpisodeResponse]:
-        """Answers each step in order, once. The episode ends with a `delete`
-        step only: grpc.aio ends the request iterator the same way on a
-        half-close and on a cancelled call, so the end of the stream cannot
-        tell a done client from a broken connection (whose episode must stay
-        reachable, to attach to a tool call)."""
+        """Answers each step in order, once. An episode ends with a `delete`
+        step only (then a `create` may start the next): grpc.aio ends the
+        request iterator the same way on a half-close and on a cancelled call,
+        so the end of the stream cannot tell a done client from a broken
+        connection (whose episode must stay reachable, to attach to a call)."""
         sid: str | None = None
         async for request in requests:
             step = request.WhichOneof("step")
@@ -380,6 +380,11 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                 if step == "create":
                     sid = await self._create_stream_episode(request.create, sid, context)
                     answer = pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
+                elif step == "delete":
+                    deleted = _stream_session_id(request.delete, sid)
+                    await self._sessions.delete(deleted)
+                    sid = None
+                    answer = pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=deleted))
                 else:
                     answer = await self._episode_step(step, request, sid)
             except Exception as exc:
@@ -391,7 +396,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     ) -> str:
         if stream_sid is not None:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
-                           "this stream has had its episode; open a new stream for another")
+                           "the stream's episode is still open: delete it before creating another")
         sid = _session_id(request, context, mint=True)
         await self._create_episode(sid, request)
         return sid
@@ -399,7 +404,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def _episode_step(
         self, step: str | None, request: pb.RunEpisodeRequest, stream_sid: str | None
     ) -> pb.RunEpisodeResponse:
-        """The answer to one step after `create`."""
+        """The answer to a step within an episode."""
         if step == "get_prompt":
             prompt = await self._prompt(_stream_session_id(request.get_prompt, stream_sid))
             return pb.RunEpisodeResponse(get_prompt=prompt)
@@ -408,8 +413,4 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             return pb.RunEpisodeResponse(list_task_tools=tools)
         if step == "call_tool":
             return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
-        if step == "delete":
-            sid = _stream_session_id(request.delete, stream_sid)
-            await self._sessions.delete(sid)
-            return pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=sid))
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")

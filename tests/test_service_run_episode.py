@@ -95,14 +95,14 @@ async def test_a_failed_step_is_answered_with_its_error_and_the_stream_goes_on(s
     too_early = await episode.step(get_prompt=pb.GetPromptRequest())
     assert too_early.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST
     assert too_early.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert "first step" in too_early.error.message
+    assert "create one first" in too_early.error.message
 
     unknown_env = await episode.create("nosuchenv")
     assert unknown_env.error.reason == errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT
     assert unknown_env.error.code == grpc.StatusCode.NOT_FOUND.value[0]
     sid = (await episode.create()).create.session_id
     again = await episode.create()
-    assert again.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST and "new stream" in again.error.message
+    assert again.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST and "still open" in again.error.message
 
     other = await episode.step(get_prompt=pb.GetPromptRequest(session_id="someone-else"))
     assert "not this stream's episode" in other.error.message
@@ -147,6 +147,23 @@ async def test_a_broken_stream_leaves_the_episode_and_its_running_call_reachable
     assert await open_sessions(stub) == 1
     await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
     assert await open_sessions(stub) == 0
+
+
+async def test_one_stream_runs_episodes_one_after_another(stub) -> None:
+    episode = Episode(stub)
+    first = (await episode.create()).create.session_id
+    assert text_of(await episode.call_tool("echo", {"text": "one"})) == "one"
+    await episode.step(delete=pb.DeleteEpisodeRequest())
+    after_delete = await episode.step(get_prompt=pb.GetPromptRequest())
+    assert after_delete.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST  # no episode until the next create
+
+    second = (await episode.create()).create.session_id
+    assert second != first
+    assert text_of(await episode.call_tool("echo", {"text": "two"})) == "two"
+    assert await open_sessions(stub) == 1
+    await episode.step(delete=pb.DeleteEpisodeRequest())
+    assert await open_sessions(stub) == 0
+    assert await episode.end() == grpc.StatusCode.OK
 
 
 async def test_half_closing_without_a_delete_step_leaves_the_episode_open(stub) -> None:

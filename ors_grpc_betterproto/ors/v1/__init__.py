@@ -630,8 +630,8 @@ class DeleteSessionIdResponse(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class RunEpisodeRequest(betterproto.Message):
     """
-    One step of a RunEpisode stream. Steps after `create` may leave their
-     `session_id` empty; when set, it must be the stream's episode.
+    One step of a RunEpisode stream. Steps within an episode may leave their
+     `session_id` empty; when set, it must be the stream's current episode.
     """
 
     create: "CreateEpisodeRequest" = betterproto.message_field(1, group="step")

@@ -293,13 +293,18 @@ class EnvironmentServiceServicer:
         answer it. A step that fails is answered with a `StepError` and the
         stream goes on.
 
-        The first step must be `create`; the last should be `delete`, after
-        which the client half-closes and the server ends the stream with OK. A
-        stream that ends otherwise (cancelled, connection lost, or half-closed
-        without `delete`) leaves the episode open: it can be reached by its
-        session id with the RPCs above (to attach to a tool call, or to delete
-        it) until it is deleted or reaped. Steps are handled one at a time; run
-        concurrent tool calls of one episode with CallTool.
+        An episode starts with a `create` step and ends with a `delete` step;
+        then another `create` may start the next episode on the same stream
+        (sparing the cost of a new call), or the client half-closes and the
+        server ends the stream with OK. A stream that ends while an episode is
+        open (cancelled, connection lost, or half-closed without `delete`)
+        leaves the episode open: it can be reached by its session id with the
+        RPCs above (to attach to a tool call, or to delete it) until it is
+        deleted or reaped. A load balancer routes the whole stream by the
+        metadata it opened with, so later episodes on it are held by the same
+        backend: send that same `x-session-id` with their per-step RPCs. Steps
+        are handled one at a time; run concurrent tool calls of one episode with
+        CallTool.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
