@@ -73,6 +73,8 @@ class BreakingProxy:
     without_run_episode: bool = False
     #: Unary method name -> how many of its next calls to answer UNAVAILABLE.
     unavailable: dict[str, int] = field(default_factory=dict)
+    #: How many of the next RunEpisode `create` steps break their stream (UNAVAILABLE).
+    break_creates: int = 0
     #: CallTool requests and RunEpisode call_tool steps, in order.
     call_requests: list[pb.CallToolRequest | pb.ToolCallStep] = field(default_factory=list)
     #: (method name, x-session-id metadata or None) of every forwarded RPC.
@@ -158,6 +160,9 @@ class BreakingProxy:
         try:
             async for request in requests:
                 step = pb.RunEpisodeRequest.FromString(request)
+                if step.WhichOneof("step") == "create" and self.break_creates:
+                    self.break_creates -= 1
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "proxy broke the stream")
                 cut = None
                 if step.WhichOneof("step") == "call_tool":
                     self.call_requests.append(step.call_tool)
@@ -347,6 +352,53 @@ async def test_idempotent_calls_are_retried_on_unavailable_and_creating_an_episo
     assert methods.count("ListSplits") == 3 and methods.count("GetPrompt") == 2
     assert methods.count("DeleteEpisode") == 3  # 2 for the first session, 1 for the refused one
     assert methods.count("CreateEpisode") == 2  # 1 for each session: never retried
+
+
+async def test_sessions_one_after_another_share_one_stream_and_its_route_key(proxy) -> None:
+    breaking, target = proxy
+    async with AsyncORSClient(target) as client:
+        env = client.environment("countingenv")
+        sids = []
+        for _ in range(3):
+            async with env.session(split="train", index=0) as session:
+                sids.append(session.session_id)
+                # The stream is busy with the call, so the prompt goes by GetPrompt.
+                await asyncio.gather(session.call_tool("slow_count", {"seconds": 0.1}), session.get_prompt())
+        assert (await client.health()).open_sessions == 0
+    assert len(set(sids)) == 3
+    session_calls = [(method, key) for method, key in breaking.session_metadata if method != "Health"]
+    assert [method for method, _ in session_calls] == ["RunEpisode", "GetPrompt", "GetPrompt", "GetPrompt"]
+    # The stream was routed by the first session's id: every later call of every session says the same.
+    assert {key for _, key in session_calls} == {sids[0]}
+
+
+async def test_an_idle_stream_is_ended_after_a_while(proxy, monkeypatch) -> None:
+    monkeypatch.setattr("ors_grpc.client._episode_stream.IDLE_STREAM_S", 0.1)
+    breaking, target = proxy
+    async with AsyncORSClient(target) as client:
+        env = client.environment("countingenv")
+        async with env.session(split="train", index=0):
+            pass
+        await asyncio.sleep(0.5)
+        async with env.session(split="train", index=0):
+            pass
+    methods = [method for method, _ in breaking.session_metadata]
+    assert methods == ["RunEpisode", "RunEpisode"]
+
+
+async def test_a_reused_stream_that_broke_gives_way_to_a_new_one(proxy) -> None:
+    breaking, target = proxy
+    async with AsyncORSClient(target) as client:
+        env = client.environment("countingenv")
+        async with env.session(split="train", index=0):
+            pass
+        breaking.break_creates = 1  # the idle stream dies as the next episode starts on it
+        async with env.session(split="train", index=0) as session:
+            assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
+        assert (await client.health()).open_sessions == 0
+    methods = [method for method, _ in breaking.session_metadata]
+    # The broken create may have gone through: the client deleted it by RPC, then opened a new stream.
+    assert methods[:4] == ["RunEpisode", "DeleteEpisode", "DeleteSessionId", "RunEpisode"]
 
 
 async def test_keepalive_pings_keep_an_idle_session_from_being_reaped() -> None:

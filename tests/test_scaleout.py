@@ -130,11 +130,14 @@ async def test_300_episodes_each_session_on_one_backend_and_every_backend_used(t
 
 async def test_our_clients_episode_streams_and_their_side_rpcs_reach_one_backend(topology: Topology) -> None:
     # Through nginx straight to the backends: each episode runs on a RunEpisode
-    # stream, and a call made while the stream is busy goes by CallTool; both
-    # carry the session's x-session-id, so both reach the backend holding it.
+    # stream (30 at a time, so later episodes reuse the streams of earlier
+    # ones), and a call made while the stream is busy goes by CallTool; both
+    # carry the stream's x-session-id, so both reach the backend holding it.
+    limit = asyncio.Semaphore(30)
+
     async def episode(env, index: int) -> tuple[int, ...]:
         task = TASKS[index % len(TASKS)]
-        async with env.session(split="train", index=index % len(TASKS)) as session:
+        async with limit, env.session(split="train", index=index % len(TASKS)) as session:
             on_stream, beside = await asyncio.gather(
                 session.call_tool("add", {"a": task["a"], "b": 0}), session.call_tool("add", {"a": 0, "b": task["b"]})
             )
@@ -145,7 +148,7 @@ async def test_our_clients_episode_streams_and_their_side_rpcs_reach_one_backend
 
     async with AsyncORSClient(topology.nginx_target) as client:
         env = client.environment(ENVIRONMENT)
-        pids = await asyncio.gather(*(episode(env, index) for index in range(60)))
+        pids = await asyncio.gather(*(episode(env, index) for index in range(120)))
         assert (await client.health()).status == "ok"
     assert all(len(set(episode_pids)) == 1 for episode_pids in pids), pids
     assert {episode_pids[0] for episode_pids in pids} == {backend.pid for backend in topology.backends}

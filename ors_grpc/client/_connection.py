@@ -9,12 +9,15 @@ from typing import Any, Optional
 import grpc
 
 from .._generated.ors.v1 import environment_service_pb2_grpc
+from ._episode_stream import EpisodeStreamPool
 from .errors import ORSServerError
 
 #: Default cap on a message either way; a tool result (a screenshot) may be megabytes.
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 SESSION_ID_METADATA_KEY = "x-session-id"
 API_KEY_METADATA_KEY = "x-api-key"
+#: Bounds ending an idle RunEpisode stream.
+_END_STREAM_TIMEOUT_S = 10.0
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -62,6 +65,7 @@ class Connection:
         self._stub: Optional[environment_service_pb2_grpc.EnvironmentServiceStub] = None
         #: Sessions (AsyncSession) whose episode is open: `close` ends them first.
         self.open_sessions: set[Any] = set()
+        self.episode_streams = EpisodeStreamPool(self._run_episode_call, _END_STREAM_TIMEOUT_S)
 
     @property
     def stub(self) -> environment_service_pb2_grpc.EnvironmentServiceStub:
@@ -73,32 +77,34 @@ class Connection:
             self._stub = environment_service_pb2_grpc.EnvironmentServiceStub(self._channel)
         return self._stub
 
-    def metadata(self, session_id: Optional[str] = None) -> Metadata:
-        """`x-api-key` when configured; `x-session-id` on session calls, for load-balancer affinity."""
+    def metadata(self, route_key: Optional[str] = None) -> Metadata:
+        """`x-api-key` when configured; on session calls `x-session-id`, by
+        which load balancers route a session's calls to one backend (see
+        AsyncSession: usually the session's own id)."""
         entries: list[tuple[str, str]] = []
         if self._api_key:
             entries.append((API_KEY_METADATA_KEY, self._api_key))
-        if session_id:
-            entries.append((SESSION_ID_METADATA_KEY, session_id))
+        if route_key:
+            entries.append((SESSION_ID_METADATA_KEY, route_key))
         return tuple(entries)
 
     async def unary(
-        self, method: str, request: Any, *, session_id: Optional[str] = None, timeout: Optional[float] = None
+        self, method: str, request: Any, *, route_key: Optional[str] = None, timeout: Optional[float] = None
     ) -> Any:
         """Calls a unary RPC of the stub by name; a failure raises ORSServerError."""
         rpc = getattr(self.stub, method)
         try:
-            return await rpc(request, metadata=self.metadata(session_id), timeout=timeout)
+            return await rpc(request, metadata=self.metadata(route_key), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             raise ORSServerError.from_rpc_error(error) from None
 
-    def call_tool_stream(self, request: Any, session_id: str) -> grpc.aio.UnaryStreamCall:
+    def call_tool_stream(self, request: Any, route_key: str) -> grpc.aio.UnaryStreamCall:
         """The raw CallTool stream: its AioRpcError is the caller's to classify (break or failure)."""
-        return self.stub.CallTool(request, metadata=self.metadata(session_id))
+        return self.stub.CallTool(request, metadata=self.metadata(route_key))
 
-    def run_episode_stream(self, session_id: str) -> grpc.aio.StreamStreamCall:
-        """A RunEpisode call for the episode `session_id` (in metadata, for load-balancer affinity)."""
-        return self.stub.RunEpisode(metadata=self.metadata(session_id))
+    def _run_episode_call(self, route_key: str) -> grpc.aio.StreamStreamCall:
+        """A RunEpisode call routed by `route_key` (an episode's session id, as `x-session-id`)."""
+        return self.stub.RunEpisode(metadata=self.metadata(route_key))
 
     async def wait_ready(self, timeout: float) -> None:
         """Waits up to `timeout` for the channel to (re)connect; a reattach after
@@ -113,6 +119,7 @@ class Connection:
         """Ends the episodes still open on this connection (nothing is left to
         the server's reaper), then closes the channel."""
         await asyncio.gather(*(session.close() for session in list(self.open_sessions)))
+        await self.episode_streams.close()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

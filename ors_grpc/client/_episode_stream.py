@@ -1,4 +1,5 @@
-"""One RunEpisode call: an episode's steps over a single bidirectional stream.
+"""RunEpisode calls: an episode's steps over a single bidirectional stream,
+and the idle streams a connection keeps for its next episodes.
 
 Steps go one at a time, each answered by one response. A stream whose step
 did not complete (the RPC failed, or the caller was cancelled between a step
@@ -9,26 +10,46 @@ over the per-step RPCs, which reach the same episode by its session id.
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 import grpc
 
 from .._generated.ors.v1 import environment_service_pb2 as pb
 
-__all__ = ["EpisodeStream"]
+__all__ = ["EpisodeStream", "EpisodeStreamPool"]
+
+#: Idle streams kept per connection, and for how long: long enough for a
+#: training loop's next episode, short enough not to hold up a server's
+#: graceful stop (it waits for open calls).
+MAX_IDLE_STREAMS = 256
+IDLE_STREAM_S = 1.0
 
 
 class EpisodeStream:
-    """Sends steps and reads their answers; usable while not `broken`."""
+    """Sends steps and reads their answers; usable while not `broken`.
 
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    `route_key` is the `x-session-id` the stream was opened with: a load
+    balancer sent the whole stream to the backend that key chose, so every
+    session created on it sends that key with its per-step RPCs too.
+    """
+
+    def __init__(self, call: grpc.aio.StreamStreamCall, route_key: str) -> None:
+        self.route_key = route_key
         self._call = call
         self._lock = asyncio.Lock()
         self.broken = False
+        self.reused = False
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     @property
     def free(self) -> bool:
         """Neither broken nor in the middle of another step."""
         return not self.broken and not self._lock.locked()
+
+    @property
+    def open(self) -> bool:
+        """Not broken, and the server has not ended the call."""
+        return not self.broken and not self._call.done()
 
     async def ask(self, request: pb.RunEpisodeRequest) -> pb.RunEpisodeResponse:
         """One step and its answer. Raises AioRpcError when the stream failed or ended early."""
@@ -48,23 +69,87 @@ class EpisodeStream:
         return answer
 
     async def delete_episode(self, timeout: float) -> bool:
-        """A `delete` step, then the end of the stream; True once the server
-        deleted the episode. A broken or busy stream is cancelled instead
-        (False): the caller deletes the episode by RPC."""
+        """A `delete` step; True once the server deleted the episode (the
+        stream can then carry another). A broken or busy stream is cancelled
+        instead (False): the caller deletes the episode by RPC."""
         if not self.free:
             self.cancel()
             return False
         try:
             async with asyncio.timeout(timeout):
                 answer = await self.ask(pb.RunEpisodeRequest(delete=pb.DeleteEpisodeRequest()))
-                await self._call.done_writing()
-                await self._call.read()  # EOF: the server ends the stream with OK
         except (grpc.aio.AioRpcError, TimeoutError):
             self.cancel()
             return False
-        self.broken = True  # ended: no more steps
         return answer.WhichOneof("step") == "delete"
+
+    async def end(self, timeout: float) -> None:
+        """Half-closes the stream and waits for the server to end it."""
+        self.broken = True  # no more steps
+        try:
+            async with asyncio.timeout(timeout):
+                await self._call.done_writing()
+                await self._call.read()  # EOF: the server ends the stream with OK
+        except (grpc.aio.AioRpcError, TimeoutError):
+            self._call.cancel()
 
     def cancel(self) -> None:
         self.broken = True
         self._call.cancel()
+
+
+class EpisodeStreamPool:
+    """The idle streams of one connection: a new episode takes one (sparing
+    the cost of opening a call) or opens a stream of its own."""
+
+    def __init__(self, open_call: Callable[[str], grpc.aio.StreamStreamCall], end_timeout_s: float) -> None:
+        self._open_call = open_call
+        self._end_timeout_s = end_timeout_s
+        self._idle: list[EpisodeStream] = []
+        self._ending: set[asyncio.Task[None]] = set()
+
+    def take(self, route_key: str) -> EpisodeStream:
+        """An idle stream (`reused`), else a new one opened with `route_key`."""
+        while self._idle:
+            stream = self._idle.pop()
+            if stream.idle_timer is not None:
+                stream.idle_timer.cancel()
+            if stream.open:
+                stream.reused = True
+                return stream
+        return EpisodeStream(self._open_call(route_key), route_key)
+
+    def give_back(self, stream: EpisodeStream) -> None:
+        """Keeps a stream whose episode was deleted, for a while."""
+        if len(self._idle) >= MAX_IDLE_STREAMS:
+            self._end(stream)
+            return
+        self._idle.append(stream)
+        stream.idle_timer = asyncio.get_running_loop().call_later(IDLE_STREAM_S, self._expire, stream)
+
+    def discard_idle(self) -> None:
+        """Cancels every idle stream (one turned out dead: the others likely are too)."""
+        idle, self._idle = self._idle, []
+        for stream in idle:
+            if stream.idle_timer is not None:
+                stream.idle_timer.cancel()
+            stream.cancel()
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for stream in idle:
+            if stream.idle_timer is not None:
+                stream.idle_timer.cancel()
+            self._end(stream)
+        if self._ending:
+            await asyncio.wait(set(self._ending))
+
+    def _expire(self, stream: EpisodeStream) -> None:
+        if stream in self._idle:
+            self._idle.remove(stream)
+            self._end(stream)
+
+    def _end(self, stream: EpisodeStream) -> None:
+        task = asyncio.get_running_loop().create_task(stream.end(self._end_timeout_s))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)

@@ -75,6 +75,10 @@ class AsyncSession:
         self._pinger: Optional[asyncio.Task[None]] = None
         self._stream_episode = stream_episode
         self._stream: Optional[EpisodeStream] = None
+        #: The `x-session-id` of the session's calls: its own id, or, for a
+        #: session on a reused stream, the id that stream was opened (and
+        #: routed to its backend) with.
+        self._route_key: Optional[str] = None
 
     async def __aenter__(self) -> "AsyncSession":
         if not (self._stream_episode and await self._create_on_stream()):
@@ -84,26 +88,36 @@ class AsyncSession:
         return self
 
     async def _create_on_stream(self) -> bool:
-        """Opens a RunEpisode stream and creates the episode on it; False when
-        the server has no RunEpisode (an older ors-grpc)."""
-        # Minted here, not by the server, so that the stream's metadata carries
-        # it (load balancers route a session's calls by `x-session-id`), and so
-        # that an episode whose creation was cut short can still be deleted.
+        """Creates the episode on a RunEpisode stream (an idle one of the
+        connection, else a new one); False when the server has no RunEpisode
+        (an older ors-grpc)."""
+        # Minted here, not by the server: a new stream is routed by it (load
+        # balancers hash `x-session-id`), and an episode whose creation was
+        # cut short can still be deleted.
         self.session_id = self._create_request.session_id = str(uuid.uuid4())
-        stream = EpisodeStream(self._connection.run_episode_stream(self.session_id))
-        try:
-            answer = await stream.ask(pb.RunEpisodeRequest(create=self._create_request))
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self.session_id = None
-                return False
-            await asyncio.shield(self._release())
-            raise ORSServerError.from_rpc_error(error) from None
-        except BaseException:  # cancelled: the server may have created it already
-            await asyncio.shield(self._release())
-            raise
+        pool = self._connection.episode_streams
+        while True:
+            stream = pool.take(self.session_id)
+            self._route_key = stream.route_key
+            try:
+                answer = await stream.ask(pb.RunEpisodeRequest(create=self._create_request))
+                break
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self.session_id = self._route_key = None
+                    return False
+                await asyncio.shield(self._release())  # the server may have created it
+                if not (stream.reused and error.code() in _STREAM_BROKEN):
+                    raise ORSServerError.from_rpc_error(error) from None
+                # An idle stream the server had ended (it restarted, say): the
+                # others likely are too. Once more, on a new stream.
+                pool.discard_idle()
+                self.session_id = self._create_request.session_id = str(uuid.uuid4())
+            except BaseException:  # cancelled: the server may have created it already
+                await asyncio.shield(self._release())
+                raise
         if answer.WhichOneof("step") == "error":
-            stream.cancel()
+            pool.give_back(stream)  # no episode on it: it can carry the next one
             self.session_id = None  # not created (maybe someone else's: never delete it)
             raise ORSServerError.from_step_error(answer.error)
         self._stream = stream
@@ -111,7 +125,7 @@ class AsyncSession:
 
     async def _create_by_rpcs(self) -> None:
         minted = await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())
-        self.session_id = minted.session_id
+        self.session_id = self._route_key = minted.session_id
         self._create_request.session_id = self.session_id
         try:
             await self._unary("CreateEpisode", self._create_request)
@@ -190,7 +204,7 @@ class AsyncSession:
     async def _stream_call(self, call: "_PendingCall", session_id: str) -> ToolOutput:
         """One CallTool stream: a new call, or a reattach once `call.task_id` is known."""
         request = pb.CallToolRequest(session_id=session_id, call=_convert.tool_call(call.name, call.input, call.task_id))
-        stream = self._connection.call_tool_stream(request, session_id)
+        stream = self._connection.call_tool_stream(request, self._route_key)
         try:
             async for event in stream:
                 kind = event.WhichOneof("event")
@@ -213,7 +227,7 @@ class AsyncSession:
         return self.session_id
 
     async def _unary(self, method: str, request: Any) -> Any:
-        return await self._connection.unary(method, request, session_id=self.session_id)
+        return await self._connection.unary(method, request, route_key=self._route_key)
 
     async def _ping_forever(self) -> None:
         while True:
@@ -239,13 +253,14 @@ class AsyncSession:
         if session_id is None:
             return
         if stream is not None and await stream.delete_episode(_CLEANUP_TIMEOUT_S):
+            self._connection.episode_streams.give_back(stream)
             return
         for method, request in (
             ("DeleteEpisode", pb.DeleteEpisodeRequest(session_id=session_id)),
             ("DeleteSessionId", pb.DeleteSessionIdRequest(session_id=session_id)),
         ):
             try:
-                await self._connection.unary(method, request, session_id=session_id, timeout=_CLEANUP_TIMEOUT_S)
+                await self._connection.unary(method, request, route_key=self._route_key, timeout=_CLEANUP_TIMEOUT_S)
             except Exception as error:  # never mask the body's own exception
                 logger.warning("%s of session %s failed: %s", method, session_id, error)
 
