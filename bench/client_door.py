@@ -1,8 +1,9 @@
 """One ORS episode through our Python gRPC client, ``ors_grpc.client.AsyncORSClient``.
 
 What a user of the gRPC door runs: the session context manager mints the id,
-creates the episode and deletes both on exit (its keepalive pinger never
-fires within an episode this short).
+creates the episode on a RunEpisode stream (a worker's previous episode's,
+once there is one), runs the steps on it and deletes the episode on exit (its
+keepalive pinger never fires within an episode this short).
 """
 
 import base64
