@@ -143,9 +143,8 @@ def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
     return wrapped
 
 
-def _session_id(request: Any, context: grpc.aio.ServicerContext, *, mint: bool = False) -> str:
-    """The request's session id, else the `x-session-id` metadata entry, else
-    (with `mint`) a new one."""
+def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
+    """The request's session id, else the `x-session-id` metadata entry."""
     sid = request.session_id
     if not sid:
         for key, value in context.invocation_metadata() or ():
@@ -154,8 +153,6 @@ def _session_id(request: Any, context: grpc.aio.ServicerContext, *, mint: bool =
                 break
     sid = sid.strip()
     if not sid:
-        if mint:
-            return _new_session_id()
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is required")
     return sid
 
@@ -397,7 +394,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         if stream_sid is not None:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "the stream's episode is still open: delete it before creating another")
-        sid = _session_id(request, context, mint=True)
+        # Not the metadata's id: that routes the stream, which may carry many episodes.
+        sid = request.session_id.strip() or _new_session_id()
         await self._create_episode(sid, request)
         return sid
 

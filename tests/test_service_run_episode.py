@@ -27,10 +27,10 @@ class Episode:
         await self.call.write(pb.RunEpisodeRequest(**step))
         return await self.call.read()
 
-    async def create(self, env_name: str = "echoenv") -> pb.RunEpisodeResponse:
-        """Train task 0 of `env_name`, in a session the server names (or the x-session-id metadata does)."""
+    async def create(self, env_name: str = "echoenv", session_id: str = "") -> pb.RunEpisodeResponse:
+        """Train task 0 of `env_name`, in session `session_id` (empty: the server names it)."""
         task = pb.TaskIndex(split="train", index=0)
-        return await self.step(create=pb.CreateEpisodeRequest(env_name=env_name, task_index=task))
+        return await self.step(create=pb.CreateEpisodeRequest(session_id=session_id, env_name=env_name, task_index=task))
 
     async def call_tool(self, name: str, tool_input: Any = None, task_id: str = "") -> pb.RunEpisodeResponse:
         call = pb.ToolCallStep(name=name, task_id=task_id or uuid.uuid4().hex)
@@ -77,7 +77,7 @@ async def test_a_whole_episode_runs_over_one_stream_and_the_delete_step_ends_it(
 async def test_the_streams_episode_is_the_same_session_the_other_rpcs_see(stub) -> None:
     sid = str(uuid.uuid4())
     episode = Episode(stub, metadata=(("x-session-id", sid),))
-    assert (await episode.create()).create.session_id == sid  # taken from the metadata
+    assert (await episode.create(session_id=sid)).create.session_id == sid
     assert text_of(await episode.call_tool("echo", {"text": "over the stream"})) == "over the stream"
 
     assert (await stub.Ping(pb.PingRequest(session_id=sid))).status == "ok"
@@ -87,6 +87,9 @@ async def test_the_streams_episode_is_the_same_session_the_other_rpcs_see(stub) 
     with pytest.raises(grpc.aio.AioRpcError) as gone:
         await stub.Ping(pb.PingRequest(session_id=sid))
     assert error_reason(gone.value) == "ERROR_REASON_SESSION_NOT_FOUND"
+    # The metadata routes the stream; it never names a later episode.
+    assert (await episode.create()).create.session_id not in ("", sid)
+    await episode.step(delete=pb.DeleteEpisodeRequest())
     await episode.end()
 
 
@@ -158,7 +161,7 @@ async def test_one_stream_runs_episodes_one_after_another(stub) -> None:
     assert after_delete.error.reason == errors_pb2.ERROR_REASON_INVALID_REQUEST  # no episode until the next create
 
     second = (await episode.create()).create.session_id
-    assert second != first
+    assert second != first  # both minted by the server
     assert text_of(await episode.call_tool("echo", {"text": "two"})) == "two"
     assert await open_sessions(stub) == 1
     await episode.step(delete=pb.DeleteEpisodeRequest())

@@ -636,8 +636,10 @@ class RunEpisodeRequest(betterproto.Message):
 
     create: "CreateEpisodeRequest" = betterproto.message_field(1, group="step")
     """
-    Starts the episode, as CreateEpisode; an empty `session_id` has the
-     server mint one (see CreateSessionId).
+    Starts an episode, as CreateEpisode; an empty `session_id` has the
+     server mint one (see CreateSessionId). The stream's `x-session-id`
+     metadata is not used for it: it routes the stream, which may carry
+     many episodes.
     """
 
     get_prompt: "GetPromptRequest" = betterproto.message_field(2, group="step")

@@ -287,8 +287,8 @@ class EnvironmentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunEpisode(self, request_iterator, context):
-        """Runs one episode over a single bidirectional stream, the cheap way to
-        drive many short episodes: each request is one step of the episode,
+        """Runs episodes over a single bidirectional stream, the cheap way to
+        drive many short episodes: each request is one step of an episode,
         answered by one response, in order, as the matching RPC above would
         answer it. A step that fails is answered with a `StepError` and the
         stream goes on.
