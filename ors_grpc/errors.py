@@ -20,6 +20,7 @@ __all__ = [
     "ORSError",
     "REASONS",
     "Reason",
+    "abort",
     "http_status_for",
 ]
 
@@ -88,6 +89,16 @@ class ORSError(Exception):
     @property
     def reason_name(self) -> str:
         return errors_pb2.ErrorReason.Name(self.reason)
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
+    """End an RPC with `error`: its code and message, its reason as the
+    `ors-error-reason` trailing metadata entry (and `retry-after` when the
+    server is full). Raises, as `context.abort` does."""
+    metadata = [(ERROR_REASON_METADATA_KEY, error.reason_name)]
+    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
+        metadata.append(("retry-after", "1"))
+    await context.abort(error.code, error.message, trailing_metadata=tuple(metadata))
 
 
 def http_status_for(code: grpc.StatusCode, reason_name: str | None) -> int:

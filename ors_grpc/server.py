@@ -24,7 +24,7 @@ from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
 from . import metrics
-from .errors import ERROR_REASON_METADATA_KEY
+from .errors import ORSError, abort
 from .inprocess import InProcessChannel
 from .service import EnvironmentService
 from .sessions import SessionTable
@@ -93,13 +93,7 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same kind as `handler` that fails UNAUTHENTICATED."""
 
     async def reject(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing or invalid API key",
-            trailing_metadata=(
-                (ERROR_REASON_METADATA_KEY, errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNAUTHENTICATED)),
-            ),
-        )
+        await abort(context, ORSError(errors_pb2.ERROR_REASON_UNAUTHENTICATED, "missing or invalid API key"))
 
     serializers = {
         "request_deserializer": handler.request_deserializer,
@@ -154,13 +148,8 @@ def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             return _Malformed(exc)
 
     async def refuse(context: grpc.aio.ServicerContext, request: _Malformed) -> None:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"malformed request message: {request.error}",
-            trailing_metadata=(
-                (ERROR_REASON_METADATA_KEY, errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_INVALID_REQUEST)),
-            ),
-        )
+        await abort(context, ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                                      f"malformed request message: {request.error}"))
 
     serializers = {"request_deserializer": checked_deserialize, "response_serializer": handler.response_serializer}
     if handler.unary_unary:

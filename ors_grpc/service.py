@@ -24,7 +24,7 @@ from ._generated.ors.v1 import environment_service_pb2 as pb
 from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment, run_user_code
-from .errors import ERROR_REASON_METADATA_KEY, ORSError
+from .errors import ORSError, abort
 from .sessions import SessionTable
 from .types import ListToolsOutput, Split
 
@@ -59,13 +59,6 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
     if not env_map:
         raise ValueError("at least one environment is required")
     return env_map
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
-    metadata: list[tuple[str, str]] = [(ERROR_REASON_METADATA_KEY, error.reason_name)]
-    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
-        metadata.append(("retry-after", "1"))
-    await context.abort(error.code, error.message, trailing_metadata=tuple(metadata))
 
 
 def _log_unexpected(method: str, exc: Exception) -> str:
@@ -106,7 +99,7 @@ async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIte
         yield
     except ORSError as error:
         outcome = error.reason_name
-        await _abort(context, error)
+        await abort(context, error)
     except grpc.aio.AbortError:
         raise
     except asyncio.CancelledError:
