@@ -77,15 +77,22 @@ def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
 
 
+def start_or_skip(server: ServerProcess, ports: set[str]) -> str | None:
+    """Starts `server`; why it could not (the row is then skipped), else None."""
+    try:
+        server.start(ports)
+    except (RuntimeError, OSError) as exc:
+        return str(exc).splitlines()[0][:200]
+    return None
+
+
 def measure_door(door: str, args: argparse.Namespace, with_image: bool) -> DoorResult:
     """Closed-loop episodes, then (`with_image`) the large image, on one fresh server."""
     result = DoorResult(door)
     server, ports = server_for(door, args)
     server.extra_env["ORS_BENCH_IMAGE_BYTES"] = str(int(args.image_mib * MIB))
-    try:
-        server.start(ports)
-    except (RuntimeError, OSError) as exc:
-        result.skipped = str(exc).splitlines()[0][:200]
+    result.skipped = start_or_skip(server, ports)
+    if result.skipped:
         return result
     with server:
         kind, target = target_of(door, server)
@@ -127,10 +134,8 @@ def measure_memory(label: str, door: str, args: argparse.Namespace) -> MemoryRes
     """Resident memory of a fresh, warmed-up server before and after opening idle sessions."""
     result = MemoryResult(label)
     server, ports = server_for(door, args)
-    try:
-        server.start(ports)
-    except (RuntimeError, OSError) as exc:
-        result.skipped = str(exc).splitlines()[0][:200]
+    result.skipped = start_or_skip(server, ports)
+    if result.skipped:
         return result
     with server:
         kind, target = target_of(door, server)

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from http_bridge.app import create_app
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc.client import ORSServerError
 from tests.reliability_helpers import grpc_call, grpc_episode, grpc_stub, http_call, http_episode, serve_probe
 from tests.servers import ServeProcess
 
@@ -316,14 +317,10 @@ def test_any_sequence_of_run_episode_steps_gets_one_answer_per_step(live: Live, 
         assert len(answers) == len(steps)
         for step, answer in zip(steps, answers):
             if answer.WhichOneof("step") == "error":
-                code = _code_by_number(answer.error.code)
-                _assert_grpc_client_error(code, answer.error.message, f"RunEpisode.{step.WhichOneof('step')}")
+                failure = ORSServerError.from_step_error(answer.error)
+                _assert_grpc_client_error(failure.code, failure.message, f"RunEpisode.{step.WhichOneof('step')}")
 
     check()
-
-
-def _code_by_number(number: int) -> grpc.StatusCode:
-    return next(code for code in grpc.StatusCode if code.value[0] == number)
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda method: method.name)

@@ -129,20 +129,21 @@ class EpisodeStreamPool:
 
     def discard_idle(self) -> None:
         """Cancels every idle stream (one turned out dead: the others likely are too)."""
-        idle, self._idle = self._idle, []
-        for stream in idle:
-            if stream.idle_timer is not None:
-                stream.idle_timer.cancel()
+        for stream in self._take_all_idle():
             stream.cancel()
 
     async def close(self) -> None:
+        for stream in self._take_all_idle():
+            self._end(stream)
+        if self._ending:
+            await asyncio.wait(set(self._ending))
+
+    def _take_all_idle(self) -> list[EpisodeStream]:
         idle, self._idle = self._idle, []
         for stream in idle:
             if stream.idle_timer is not None:
                 stream.idle_timer.cancel()
-            self._end(stream)
-        if self._ending:
-            await asyncio.wait(set(self._ending))
+        return idle
 
     def _expire(self, stream: EpisodeStream) -> None:
         if stream in self._idle:
