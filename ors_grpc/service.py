@@ -154,11 +154,12 @@ def _new_session_id() -> str:
     return str(uuid.uuid4())
 
 
-def _stream_session_id(request: Any, stream_sid: str | None) -> str:
-    """The episode a RunEpisode step acts on: the stream's own."""
+def _stream_session_id(named: str, stream_sid: str | None) -> str:
+    """The episode a RunEpisode step acts on: the stream's own (`named`, the
+    step's `session_id`, may be empty or must say the same)."""
     if stream_sid is None:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "no episode on this stream: create one first")
-    if getattr(request, "session_id", "").strip() not in ("", stream_sid):
+    if named.strip() not in ("", stream_sid):
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
     return stream_sid
 
@@ -329,7 +330,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.CallToolResponse:
         """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
-        session, env = await self._sessions.ready(_stream_session_id(step, stream_sid))
+        # A ToolCallStep names no session: it always acts on the stream's.
+        session, env = await self._sessions.ready(_stream_session_id("", stream_sid))
         call = session.calls.start(env, step.name, _tool_input(step), task_id=step.task_id)
         return await _outcome_event(session, call)
 
@@ -371,7 +373,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                     sid = await self._create_stream_episode(request.create, sid, context)
                     answer = pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
                 elif step == "delete":
-                    deleted = _stream_session_id(request.delete, sid)
+                    deleted = _stream_session_id(request.delete.session_id, sid)
                     await self._sessions.delete(deleted)
                     sid = None
                     answer = pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=deleted))
@@ -397,10 +399,10 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     ) -> pb.RunEpisodeResponse:
         """The answer to a step within an episode."""
         if step == "get_prompt":
-            prompt = await self._prompt(_stream_session_id(request.get_prompt, stream_sid))
+            prompt = await self._prompt(_stream_session_id(request.get_prompt.session_id, stream_sid))
             return pb.RunEpisodeResponse(get_prompt=prompt)
         if step == "list_task_tools":
-            tools = await self._task_tools(_stream_session_id(request.list_task_tools, stream_sid))
+            tools = await self._task_tools(_stream_session_id(request.list_task_tools.session_id, stream_sid))
             return pb.RunEpisodeResponse(list_task_tools=tools)
         if step == "call_tool":
             return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
