@@ -169,9 +169,10 @@ class BreakingProxy:
                     cut = self._take_cut()
                     if cut is not None and cut.before_first_event:
                         await context.abort(cut.code, "proxy broke the stream")
+                runs_before = len(CountingEnv.runs)
                 await upstream.write(request)
                 if cut is not None:
-                    await self._tool_started()
+                    await _tool_started(runs_before)
                     await self._break(cut, context)
                 yield await upstream.read()
             await upstream.done_writing()
@@ -181,11 +182,6 @@ class BreakingProxy:
             await context.abort(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
         finally:
             upstream.cancel()
-
-    async def _tool_started(self) -> None:
-        runs = len(CountingEnv.runs)
-        while len(CountingEnv.runs) == runs:
-            await asyncio.sleep(0.01)
 
     async def _break(self, cut: Cut, context: grpc.aio.ServicerContext) -> None:
         self.finished_at_cut.append(len(CountingEnv.finished))
@@ -199,6 +195,14 @@ class BreakingProxy:
             return None
         self.cut.times -= 1
         return self.cut
+
+
+async def _tool_started(runs_before: int, limit_s: float = 10.0) -> None:
+    """Waits until the tool run counter passes `runs_before` (read before the
+    step was forwarded: the tool may start before this coroutine resumes)."""
+    async with asyncio.timeout(limit_s):
+        while len(CountingEnv.runs) == runs_before:
+            await asyncio.sleep(0.01)
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import errors_pb2
@@ -47,6 +48,11 @@ class Episode:
 
 def text_of(answer: pb.RunEpisodeResponse) -> str:
     return answer.call_tool.result.output.blocks[0].text.text
+
+
+def tool_calls_in_flight() -> float:
+    """The in-process server's gauge of running tool calls (the test servers share this registry)."""
+    return REGISTRY.get_sample_value("ors_tool_calls_in_flight", {"environment": "echoenv"}) or 0.0
 
 
 async def open_sessions(stub: Any) -> int:
@@ -138,10 +144,13 @@ async def test_a_setup_failure_answers_the_steps_that_wait_for_setup(stub) -> No
 async def test_a_broken_stream_leaves_the_episode_and_its_running_call_reachable(stub) -> None:
     episode = Episode(stub)
     sid = (await episode.create()).create.session_id
+    in_flight_before = tool_calls_in_flight()
     await episode.call.write(pb.RunEpisodeRequest(call_tool=pb.ToolCallStep(
-        name="sleep", input={"json": json.dumps({"seconds": 0.5})}, task_id="the-nap"
+        name="sleep", input={"json": json.dumps({"seconds": 1.0})}, task_id="the-nap"
     )))
-    await asyncio.sleep(0.1)  # the call is running
+    async with asyncio.timeout(10):  # until the server runs the call (a fixed sleep races a loaded machine)
+        while tool_calls_in_flight() == in_flight_before:
+            await asyncio.sleep(0.01)
     episode.call.cancel()
 
     # Attach by the task id the client chose: the tool ran on and answers once.
