@@ -36,10 +36,11 @@ class SubmitInput(BaseModel):
 class BenchEnv(Environment):
     """A counter: ``step`` adds, ``submit`` checks the total and ends the episode."""
 
-    #: The ``*-on-loop`` doors set ORS_BENCH_SYNC_ON_LOOP=1: the sync tools
-    #: then run on the event loop, as the reference always runs them (the
-    #: reference ignores the attribute).
-    sync_code_on_loop = os.environ.get("ORS_BENCH_SYNC_ON_LOOP") == "1"
+    #: Unset: ours decides per function (the default). The ``*-threads`` doors
+    #: set ORS_BENCH_SYNC_CODE=threads (sync code always in worker threads),
+    #: the ``*-on-loop`` doors ``loop`` (always on the event loop, as the
+    #: reference always runs it; the reference ignores the attribute).
+    sync_code_on_loop = {"threads": False, "loop": True}.get(os.environ.get("ORS_BENCH_SYNC_CODE", ""))
 
     def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec=task_spec, secrets=secrets)

@@ -2,13 +2,14 @@
 
 Doors: ``reference`` (ors-sdk's FastAPI server under uvicorn), ``bridge`` (our
 HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service
-through our Python client, ``ors_grpc.client``, one RunEpisode stream per
-episode); ``bridge-on-loop`` and ``grpc-on-loop`` are the same with the
-environment's ``sync_code_on_loop`` set, so its sync code runs on the event
-loop as the reference runs it; optionally ``grpc-raw`` (the gRPC service
-through the bare generated stubs, one RPC per step). Each door gets a fresh
-server process and a separate load-generator process (``bench.load``); the
-HTTP doors are driven by the same aiohttp code.
+through our Python client, ``ors_grpc.client``, RunEpisode streams that carry
+a worker's episodes one after another). ``bridge-threads`` and
+``grpc-threads`` are the same with the environment's sync code pinned to
+worker threads (``sync_code_on_loop = False``); optionally ``bridge-on-loop``
+and ``grpc-on-loop`` (pinned to the event loop, as the reference runs it) and
+``grpc-raw`` (the gRPC service through the bare generated stubs, one RPC per
+step). Each door gets a fresh server process and a separate load-generator
+process (``bench.load``); the HTTP doors are driven by the same aiohttp code.
 """
 
 import argparse
@@ -22,9 +23,11 @@ from dataclasses import dataclass, field
 
 from bench.servers import REPO_ROOT, ServerProcess, ours_server, reference_server
 
-DOORS = ("reference", "bridge", "bridge-on-loop", "grpc", "grpc-on-loop")
-OPTIONAL_DOORS = ("grpc-raw",)
-ON_LOOP = "-on-loop"
+DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads")
+OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw")
+#: Door name suffixes that pin where the environment's sync code runs, and
+#: the value of ORS_BENCH_SYNC_CODE (read by bench/env.py) that pins it.
+SYNC_CODE_SUFFIXES = {"-threads": "threads", "-on-loop": "loop"}
 MIB = 1024 * 1024
 
 
@@ -64,14 +67,16 @@ def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
     server = ours_server(http=door.startswith("bridge"))
-    if door.endswith(ON_LOOP):
-        server.extra_env["ORS_BENCH_SYNC_ON_LOOP"] = "1"  # read by bench/env.py
+    for suffix, sync_code in SYNC_CODE_SUFFIXES.items():
+        if door.endswith(suffix):
+            server.extra_env["ORS_BENCH_SYNC_CODE"] = sync_code
     return server, {"gRPC", "HTTP"} if door.startswith("bridge") else {"gRPC"}
 
 
 def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     """(load-generator door kind, target address) of a started server."""
-    door = door.removesuffix(ON_LOOP)
+    for suffix in SYNC_CODE_SUFFIXES:
+        door = door.removesuffix(suffix)
     if door in ("grpc", "grpc-raw"):
         return door, f"127.0.0.1:{server.ports['gRPC']}"
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"

@@ -230,7 +230,7 @@ def _exit_despite_stuck_user_code() -> None:
     ignores its episode's end) cannot be interrupted, and Python would wait
     for it at exit, so a stop signal would not stop the process.
     """
-    from .environment import busy_user_code_threads
+    from .user_code import busy_user_code_threads
 
     stuck = busy_user_code_threads()
     if stuck:

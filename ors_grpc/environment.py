@@ -3,22 +3,19 @@
 Same surface and defaults as the reference SDK (ors-sdk 0.1.0), so an
 environment written for `ors` runs here after changing only its import. One
 difference, invisible to authors: synchronous user code (constructors,
-`setup`, `teardown`, `get_prompt`, tools) runs in a worker thread, so a slow
-episode never blocks the event loop that serves every other session (an
-episode's own sync code still runs one call at a time, as under the
-reference).
+`setup`, `teardown`, `get_prompt`, tools) that turns out to be slow runs in a
+worker thread, so a slow episode does not stall the event loop that serves
+every other session (see `user_code`; an episode's own sync code still runs
+one call at a time, as under the reference).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
-import threading
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from typing import (
     Any,
     Awaitable,
@@ -44,69 +41,11 @@ from .types import (
     ToolOutput,
     ToolSpec,
 )
+from .user_code import run_user_code
 
-__all__ = ["Environment", "busy_user_code_threads", "run_user_code", "tool"]
+__all__ = ["Environment", "tool"]
 
 logger = logging.getLogger("ors_grpc.environment")
-
-# User code may block for long (loading data, starting containers): give it a
-# pool of its own, larger than the loop's default (cpu + 4 threads), so a few
-# slow episodes do not starve the others. Threads are created on demand.
-_USER_CODE_THREADS = 64
-_executor: ThreadPoolExecutor | None = None
-
-
-_busy_threads = 0
-_busy_lock = threading.Lock()
-
-
-def _user_code_executor() -> ThreadPoolExecutor:
-    global _executor
-    if _executor is None:
-        _executor = ThreadPoolExecutor(_USER_CODE_THREADS, thread_name_prefix="ors-user-code")
-    return _executor
-
-
-def _counted(call: Callable[[], Any]) -> Any:
-    global _busy_threads
-    with _busy_lock:
-        _busy_threads += 1
-    try:
-        return call()
-    finally:
-        with _busy_lock:
-            _busy_threads -= 1
-
-
-def busy_user_code_threads() -> int:
-    """How many worker threads are running user code now (a sync tool or
-    setup that outlived its episode cannot be interrupted)."""
-    return _busy_threads
-
-
-async def run_user_code(
-    fn: Callable[..., Any], *args: Any, sync_lock: asyncio.Lock | None = None, on_loop: bool = False
-) -> Any:
-    """Call user code without blocking the loop: await coroutine functions,
-    run plain functions in a worker thread (awaiting what they may return).
-
-    `sync_lock`, an episode's lock, keeps its synchronous code to one thread
-    at a time: under the reference SDK sync code runs on the event loop and
-    never overlaps, and environments written for it may rely on that.
-    `on_loop` (an environment's `sync_code_on_loop`) calls plain functions
-    on the loop instead, as the reference SDK does.
-    """
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    if on_loop:
-        result = fn(*args)
-        return await result if inspect.isawaitable(result) else result
-    loop = asyncio.get_running_loop()
-    async with sync_lock or contextlib.nullcontext():
-        result = await loop.run_in_executor(_user_code_executor(), _counted, functools.partial(fn, *args))
-    if inspect.isawaitable(result):
-        result = await result
-    return result
 
 
 @overload
@@ -167,12 +106,16 @@ class Environment(ABC):
     """
 
     toolsets: ClassVar[Sequence[type]] = ()
-    #: Run this environment's synchronous code (constructor, setup, prompt,
-    #: tools, task listing, teardown) on the event loop, as the reference SDK
-    #: does, instead of in a worker thread. It saves a thread round trip per
-    #: call, which matters for quick code; but a slow sync call then stalls
-    #: every session of the server. Async code is unaffected either way.
-    sync_code_on_loop: ClassVar[bool] = False
+    #: Where this environment's synchronous code (constructor, setup, prompt,
+    #: tools, task listing, teardown) runs. None (the default): each function
+    #: starts in a worker thread and moves to the event loop once its calls
+    #: prove quick (8 calls within 2 ms each); a call that overruns sends it
+    #: back to threads for good. True: always on the loop, as the reference
+    #: SDK runs it (no thread round trip, but a slow call stalls every
+    #: session). False: always in a worker thread (set it when sync code
+    #: that is usually quick may block, e.g. waits on something the loop must
+    #: do). Async code always runs on the loop.
+    sync_code_on_loop: ClassVar[Optional[bool]] = None
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         self.task_spec = task_spec

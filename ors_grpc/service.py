@@ -23,7 +23,8 @@ from . import _convert
 from ._generated.ors.v1 import environment_service_pb2 as pb
 from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
-from .environment import Environment, run_user_code
+from .environment import Environment
+from .user_code import run_user_code
 from .errors import ORSError, abort
 from .sessions import SessionTable
 from .types import ListToolsOutput, Split

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import time
 from typing import Any, Iterable
 
 from . import metrics
 from ._generated.ors.v1 import errors_pb2
-from .environment import Environment, run_user_code
+from .environment import Environment
+from .user_code import run_user_code, runs_in_worker_thread
 from .errors import ORSError
 from .tool_calls import SessionToolCalls
 
@@ -213,7 +213,7 @@ class SessionTable:
 
     async def _run_setup_step(self, session: Session, fn: Any) -> Any:
         on_loop = session.env_cls.sync_code_on_loop
-        session.setup_in_thread = not (on_loop or inspect.iscoroutinefunction(fn))
+        session.setup_in_thread = runs_in_worker_thread(fn, on_loop)
         try:
             return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=on_loop)
         finally:

@@ -240,8 +240,17 @@ class WhereCodeRunsOnLoop(WhereCodeRuns):
     sync_code_on_loop = True
 
 
-@pytest.mark.parametrize("env_cls, on_loop", [(WhereCodeRuns, False), (WhereCodeRunsOnLoop, True)])
-async def test_sync_code_runs_in_a_worker_thread_unless_the_environment_opts_for_the_loop(env_cls, on_loop) -> None:
+class WhereCodeRunsInThreads(WhereCodeRuns):
+    sync_code_on_loop = False
+
+
+# The default (None) starts every function in a worker thread; where it goes
+# from there is tests/test_user_code.py's subject.
+@pytest.mark.parametrize("env_cls, on_loop",
+                         [(WhereCodeRuns, False), (WhereCodeRunsInThreads, False), (WhereCodeRunsOnLoop, True)])
+async def test_a_first_episode_runs_sync_code_in_worker_threads_unless_the_environment_opts_for_the_loop(
+    env_cls, on_loop
+) -> None:
     WhereCodeRuns.seen = {}
     async with serving([env_cls]) as stub:
         sid = await create_episode(stub, env_cls.__name__.lower(), split="train", index=0)

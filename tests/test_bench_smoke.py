@@ -22,7 +22,7 @@ def test_bench_runs_every_door_briefly():
     report = done.stdout
     assert "skipped" not in report, report
     assert "first error" not in report, report
-    for door in ("reference", "bridge", "bridge-on-loop", "grpc", "grpc-on-loop"):
+    for door in ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads"):
         assert any(line.startswith(door + " ") for line in report.splitlines()), (door, report)
     for heading in ("## Closed loop", "episodes/s in each of 2 rounds", "MiB image block", "## Resident memory"):
         assert heading in report, report

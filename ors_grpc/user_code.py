@@ -1,0 +1,177 @@
+"""Where environments' code runs: on the event loop or in a worker thread.
+
+Async user code is awaited on the loop. A plain (synchronous) function can
+run either on the loop, as the reference SDK runs all of it, or in a worker
+thread. The loop is cheaper for quick code: a thread round trip costs a
+hand-off and, while the loop is busy, a wait for the GIL (about a quarter of
+the benchmark's episodes/s). A thread is safer for slow code: a sync call
+that sleeps, waits on I/O or runs a subprocess stalls every session of the
+server while it runs on the loop.
+
+An environment chooses with `Environment.sync_code_on_loop`: True (always
+the loop), False (always a thread), or None, the default, where each
+function earns its place (`_Placement`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread"]
+
+# User code may block for long (loading data, starting containers): give it a
+# pool of its own, larger than the loop's default (cpu + 4 threads), so a few
+# slow episodes do not starve the others. Threads are created on demand.
+_USER_CODE_THREADS = 64
+_executor: ThreadPoolExecutor | None = None
+
+_busy_threads = 0
+_busy_lock = threading.Lock()
+
+#: A sync call that finishes within this many seconds is quick enough for the
+#: loop. It is well under the 5 ms for which a CPU-bound Python thread holds
+#: the GIL (and so stalls the loop anyway) before it must let go.
+INLINE_BUDGET_S = 0.002
+#: Calls in a worker thread, each within the budget, before a function moves
+#: to the loop.
+TRIAL_CALLS = 8
+
+
+class _Placement:
+    """Where one sync function runs, when its environment leaves it to us.
+
+    It starts in worker threads. After `TRIAL_CALLS` calls that each returned
+    within `INLINE_BUDGET_S`, it runs on the loop. A call over the budget,
+    in a thread or on the loop, sends it to worker threads for good: slow
+    code stalls the loop at most once, in the call that shows it is slow.
+    """
+
+    __slots__ = ("quick_calls", "slow")
+
+    def __init__(self) -> None:
+        self.quick_calls = 0
+        self.slow = False
+
+    @property
+    def on_loop(self) -> bool:
+        return not self.slow and self.quick_calls >= TRIAL_CALLS
+
+    def record(self, seconds: float) -> None:
+        if seconds > INLINE_BUDGET_S:
+            self.slow = True
+        else:
+            self.quick_calls += 1
+
+
+# Keyed by the function itself, so the placement outlives any one bound
+# method or partial, and dies with the code (environments may be classes
+# defined at run time).
+_placements: weakref.WeakKeyDictionary[Any, _Placement] = weakref.WeakKeyDictionary()
+
+
+def _placement(fn: Callable[..., Any]) -> _Placement | None:
+    """`fn`'s placement record; None for callables that cannot be weakly
+    referenced (some builtins), which always run in a thread."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(fn, "__func__", fn)
+    try:
+        placement = _placements.get(code)
+        if placement is None:
+            placement = _placements[code] = _Placement()
+    except TypeError:
+        return None
+    return placement
+
+
+def runs_in_worker_thread(fn: Callable[..., Any], on_loop: bool | None) -> bool:
+    """Whether `run_user_code(fn, on_loop=on_loop)`, called now, runs `fn` in
+    a worker thread (where cancelling the caller cannot interrupt it)."""
+    if on_loop or inspect.iscoroutinefunction(fn):
+        return False
+    if on_loop is False:
+        return True
+    placement = _placement(fn)
+    return placement is None or not placement.on_loop
+
+
+async def run_user_code(
+    fn: Callable[..., Any],
+    *args: Any,
+    sync_lock: asyncio.Lock | None = None,
+    on_loop: bool | None = None,
+) -> Any:
+    """Call user code: await coroutine functions; run plain functions on the
+    loop or in a worker thread as `on_loop` (an environment's
+    `sync_code_on_loop`) says, awaiting what they may return.
+
+    `sync_lock`, an episode's lock, keeps its synchronous code to one call at
+    a time: under the reference SDK sync code runs on the event loop and
+    never overlaps, and environments written for it may rely on that.
+    """
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    if on_loop:
+        result = fn(*args)
+    else:
+        # Decided on entry, as `runs_in_worker_thread` answers.
+        placement = None if on_loop is False else _placement(fn)
+        in_thread = placement is None or not placement.on_loop
+        async with sync_lock or contextlib.nullcontext():
+            if in_thread:
+                result = await _in_worker_thread(placement, fn, args)
+            else:
+                result = _timed_on_loop(placement, fn, args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -> Any:
+    started = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        placement.record(time.perf_counter() - started)
+
+
+async def _in_worker_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
+    loop = asyncio.get_running_loop()
+    result, seconds = await loop.run_in_executor(_user_code_executor(), _counted, fn, args)
+    if placement is not None:
+        placement.record(seconds)
+    return result
+
+
+def _user_code_executor() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(_USER_CODE_THREADS, thread_name_prefix="ors-user-code")
+    return _executor
+
+
+def _counted(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
+    """Run `fn` in this worker thread: its result and how long it took."""
+    global _busy_threads
+    with _busy_lock:
+        _busy_threads += 1
+    started = time.perf_counter()
+    try:
+        return fn(*args), time.perf_counter() - started
+    finally:
+        with _busy_lock:
+            _busy_threads -= 1
+
+
+def busy_user_code_threads() -> int:
+    """How many worker threads are running user code now (a sync tool or
+    setup that outlived its episode cannot be interrupted)."""
+    return _busy_threads

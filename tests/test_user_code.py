@@ -1,0 +1,123 @@
+"""Where an environment's sync code runs when it leaves the choice to us
+(`sync_code_on_loop = None`, the default): quick functions earn the event
+loop, slow ones stay in (or go back to) worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from pydantic import BaseModel
+
+from ors_grpc import Environment, TextBlock, ToolOutput, tool, user_code
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from tests.conftest import call_tool, create_episode, serving
+
+#: Generous, so that a loaded machine never makes a quick call look slow.
+BUDGET_S = 0.2
+SLOW_S = 0.3
+
+
+@pytest.fixture(autouse=True)
+def generous_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(user_code, "INLINE_BUDGET_S", BUDGET_S)
+
+
+def _where() -> str:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return "thread"
+    return "loop"
+
+
+class Work(BaseModel):
+    sleep_s: float = 0.0
+
+
+def fresh_env(on_loop: bool | None = None) -> type[Environment]:
+    """A new environment class each time: placements belong to functions,
+    and these must not carry over from another test."""
+
+    class Placed(Environment):
+        sync_code_on_loop = on_loop
+        seen: dict[str, str] = {}
+
+        def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
+            super().__init__(task_spec, secrets)
+            self.seen["constructor"] = _where()
+
+        def setup(self) -> None:
+            self.seen["setup"] = _where()
+
+        @classmethod
+        def list_splits(cls) -> list[str]:
+            return ["train"]
+
+        @classmethod
+        def list_tasks(cls, split: str) -> list[dict]:
+            cls.seen["list_tasks"] = _where()
+            return [{}]
+
+        def get_prompt(self) -> list[TextBlock]:
+            self.seen["get_prompt"] = _where()
+            return [TextBlock(text="work")]
+
+        @tool
+        def work(self, params: Work) -> ToolOutput:
+            """Sleeps as asked; answers where it ran."""
+            time.sleep(params.sleep_s)
+            return ToolOutput(blocks=[TextBlock(text=_where())])
+
+        def teardown(self) -> None:
+            self.seen["teardown"] = _where()
+
+    return Placed
+
+
+async def places_of_calls(env_cls: type[Environment], sleeps: list[float]) -> list[str]:
+    """Call the `work` tool once per entry of `sleeps`, in one episode; where each call ran."""
+    async with serving([env_cls]) as stub:
+        sid = await create_episode(stub, "placed")
+        places = []
+        for sleep_s in sleeps:
+            _, event = await call_tool(stub, sid, "work", {"sleep_s": sleep_s})
+            places.append(event.result.output.blocks[0].text.text)
+        await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
+    return places
+
+
+async def test_a_quick_sync_tool_moves_to_the_loop_after_its_trial_calls() -> None:
+    places = await places_of_calls(fresh_env(), [0.0] * (user_code.TRIAL_CALLS + 3))
+    assert places == ["thread"] * user_code.TRIAL_CALLS + ["loop"] * 3
+
+
+async def test_a_tool_that_overruns_on_the_loop_goes_back_to_threads_for_good() -> None:
+    trial = [0.0] * user_code.TRIAL_CALLS
+    places = await places_of_calls(fresh_env(), trial + [SLOW_S] + [0.0] * (user_code.TRIAL_CALLS + 2))
+    assert places[user_code.TRIAL_CALLS:] == ["loop"] + ["thread"] * (user_code.TRIAL_CALLS + 2)
+
+
+async def test_a_tool_slow_in_its_trial_never_leaves_the_worker_threads() -> None:
+    places = await places_of_calls(fresh_env(), [SLOW_S] + [0.0] * (user_code.TRIAL_CALLS + 2))
+    assert set(places) == {"thread"}
+
+
+@pytest.mark.parametrize("on_loop, expected", [(False, "thread"), (True, "loop")])
+async def test_an_environment_that_chooses_keeps_its_choice(on_loop: bool, expected: str) -> None:
+    places = await places_of_calls(fresh_env(on_loop), [0.0] * (user_code.TRIAL_CALLS + 3))
+    assert set(places) == {expected}
+
+
+async def test_every_kind_of_quick_sync_code_earns_the_loop() -> None:
+    env_cls = fresh_env()
+    async with serving([env_cls]) as stub:
+        for _ in range(user_code.TRIAL_CALLS + 1):
+            env_cls.seen = {}
+            sid = await create_episode(stub, "placed", split="train", index=0)
+            await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+            await call_tool(stub, sid, "work", {})
+            await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
+    kinds = ["list_tasks", "constructor", "setup", "get_prompt", "teardown"]
+    assert env_cls.seen == dict.fromkeys(kinds, "loop")
