@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
 import threading
 import time
 import weakref
@@ -26,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 __all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread"]
+
+logger = logging.getLogger("ors_grpc.user_code")
 
 # User code may block for long (loading data, starting containers): give it a
 # pool of its own, larger than the loop's default (cpu + 4 threads), so a few
@@ -54,9 +57,10 @@ class _Placement:
     code stalls the loop at most once, in the call that shows it is slow.
     """
 
-    __slots__ = ("quick_calls", "slow")
+    __slots__ = ("name", "quick_calls", "slow")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.quick_calls = 0
         self.slow = False
 
@@ -65,10 +69,18 @@ class _Placement:
         return not self.slow and self.quick_calls >= TRIAL_CALLS
 
     def record(self, seconds: float) -> None:
-        if seconds > INLINE_BUDGET_S:
-            self.slow = True
-        else:
+        """Account for one call that took `seconds` (wherever it ran)."""
+        if seconds <= INLINE_BUDGET_S:
             self.quick_calls += 1
+            if self.quick_calls == TRIAL_CALLS:
+                logger.debug("sync_code_moves_to_loop function=%s", self.name)
+            return
+        if self.on_loop:
+            logger.warning("sync_code_stalled_loop function=%s ms=%.1f now_in=worker_threads",
+                           self.name, seconds * 1000)
+        else:
+            logger.debug("sync_code_slow_in_trial function=%s ms=%.1f", self.name, seconds * 1000)
+        self.slow = True
 
 
 # Keyed by the function itself, so the placement outlives any one bound
@@ -86,7 +98,7 @@ def _placement(fn: Callable[..., Any]) -> _Placement | None:
     try:
         placement = _placements.get(code)
         if placement is None:
-            placement = _placements[code] = _Placement()
+            placement = _placements[code] = _Placement(getattr(code, "__qualname__", repr(code)))
     except TypeError:
         return None
     return placement
