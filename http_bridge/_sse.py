@@ -1,19 +1,21 @@
-"""A small Server-Sent Events writer on `aiohttp.web.StreamResponse`.
+"""Server-Sent Events for ORS: whole event streams and a small streaming writer.
 
 ORS serves SSE to POST requests (`/create_session`, `/{env}/call`), which
-generic SSE helpers do not all support; this writer is all ORS needs: named
-events, comment keepalives, and chunking of a long payload.
+generic SSE helpers do not all support; this is all ORS needs: named events,
+comment keepalives, and chunking of a long payload. When every event is
+known up front (a session id, a tool result that came quickly) the stream is
+one ordinary response, sent in one write; `SSEWriter` streams the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from typing import Awaitable, TypeVar
+from typing import Iterable
 
 from aiohttp import web
 
-__all__ = ["CHUNK_CHARS", "SSEWriter", "wants_event_stream"]
+__all__ = ["CHUNK_CHARS", "Event", "SSEWriter", "chunk_events", "sse_response", "wants_event_stream"]
 
 #: Characters per `chunk`/`end` event, as in the reference server.
 CHUNK_CHARS = 4096
@@ -27,7 +29,8 @@ SSE_HEADERS = {
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
-T = TypeVar("T")
+#: One SSE event: its name and its data.
+Event = tuple[str, str]
 
 
 def _frame(name: str, data: str) -> str:
@@ -37,6 +40,21 @@ def _frame(name: str, data: str) -> str:
         return f"event: {name}\ndata: {data}\n\n"
     lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
     return f"event: {name}\n{lines}\n"
+
+
+def _frames(events: Iterable[Event]) -> bytes:
+    return "".join(_frame(name, data) for name, data in events).encode()
+
+
+def chunk_events(payload: str) -> list[Event]:
+    """The payload as `chunk`* then `end` events, CHUNK_CHARS characters each."""
+    pieces = [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
+    return [("chunk", piece) for piece in pieces[:-1]] + [("end", pieces[-1])]
+
+
+def sse_response(events: Iterable[Event]) -> web.Response:
+    """A whole event stream as one response (headers and events in one write)."""
+    return web.Response(body=_frames(events), headers=SSE_HEADERS)
 
 
 def wants_event_stream(request: web.Request) -> bool:
@@ -61,40 +79,31 @@ class SSEWriter:
     async def event(self, name: str, data: str) -> None:
         await self._response.write(_frame(name, data).encode())
 
+    async def events(self, events: Iterable[Event]) -> None:
+        # One write for all: a large result (an 8 MiB image is ~2,700 events)
+        # costs far more in per-write overhead than in encoding.
+        await self._response.write(_frames(events))
+
     async def comment(self, text: str = "ping") -> None:
         await self._response.write(f": {text}\n\n".encode())
-
-    async def chunked(self, payload: str) -> None:
-        """The payload as `chunk`* then `end`, CHUNK_CHARS characters each."""
-        pieces = [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
-        names = ["chunk"] * (len(pieces) - 1) + ["end"]
-        # One write for all events: a large result (an 8 MiB image is ~2,700
-        # events) costs far more in per-write overhead than in encoding.
-        await self._response.write("".join(map(_frame, names, pieces)).encode())
 
     def client_gone(self) -> bool:
         transport = self._request.transport
         return transport is None or transport.is_closing()
 
-    async def await_with_keepalive(self, awaitable: Awaitable[T], interval_s: float) -> T:
-        """Await `awaitable`, sending `: ping` every `interval_s` meanwhile.
+    async def wait_with_keepalive(self, future: asyncio.Future, interval_s: float) -> None:
+        """Wait until `future` is done (its result or exception is the
+        caller's to read), sending `: ping` every `interval_s` meanwhile.
 
-        Raises ConnectionResetError when the client has gone away; the
-        awaitable is then cancelled (the caller's watching, not the work it
-        watches).
+        Raises ConnectionResetError when the client has gone away.
         """
-        waiting = asyncio.ensure_future(awaitable)
-        try:
-            while True:
-                done, _ = await asyncio.wait({waiting}, timeout=interval_s)
-                if done:
-                    return waiting.result()
-                if self.client_gone():
-                    raise ConnectionResetError("client disconnected")
-                await self.comment()
-        finally:
-            if not waiting.done():
-                waiting.cancel()
+        while not future.done():
+            await asyncio.wait({future}, timeout=interval_s)
+            if future.done():
+                return
+            if self.client_gone():
+                raise ConnectionResetError("client disconnected")
+            await self.comment()
 
     async def finish(self) -> None:
         await self._response.write_eof()

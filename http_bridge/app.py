@@ -8,6 +8,7 @@ become HTTP statuses in the one error middleware (through
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ors_grpc.errors import http_status_for
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel
 from ._metrics import record_metrics
-from ._sse import SSEWriter, wants_event_stream
+from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
 
 __all__ = ["DEFAULT_MAX_BYTES", "create_app", "start_bridge"]
 
@@ -34,6 +35,10 @@ DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 #: Seconds an unread request body is drained after the answer (so that the
 #: client reads a 413 rather than a reset connection).
 LINGER_S = 1.0
+#: A tool result that arrives within this long after the call's task id goes
+#: out with it, as one response in one write; a slower one is streamed. Under
+#: load (32 busy episodes) quick tools take 2 to 9 ms to come back.
+QUICK_RESULT_S = 0.01
 
 _UNKNOWN_TASK_ID = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID)
 
@@ -227,12 +232,7 @@ async def create_session(request: web.Request) -> web.StreamResponse:
     response = await _stub(request).CreateSessionId(rpc_request, metadata=call_metadata(request))
     if not wants_event_stream(request):
         return _json({"sid": response.session_id})
-    writer = SSEWriter(request)
-    await writer.start()
-    await writer.event("task_id", response.session_id)
-    await writer.event("end", "")
-    await writer.finish()
-    return writer.response
+    return sse_response([("task_id", response.session_id), ("end", "")])
 
 
 async def create_episode(request: web.Request) -> web.Response:
@@ -299,56 +299,62 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     stream = _stub(request).CallTool(
         convert.tool_call_request(session_id, body), metadata=call_metadata(request, session_id)
     )
+    outcome: Optional[asyncio.Future] = None
     try:
         try:
             first = await stream.read()
         except grpc.aio.AioRpcError as exc:
             if error_reason(exc) == _UNKNOWN_TASK_ID:
-                return await _unknown_task_id(request)
+                # The reference answers an unknown task id in-band, with this message.
+                return sse_response([("error", "unknown task_id")])
             raise
         if first is grpc.aio.EOF or first.WhichOneof("event") != "task_id":
             raise web.HTTPBadGateway(reason="The ORS backend ended the call without a task id")
-        writer = SSEWriter(request)
-        await writer.start()
-        try:
-            await writer.event("task_id", first.task_id)
-            await _stream_outcome(stream, writer, request.app[CONFIG].keepalive_interval_s)
-            await writer.finish()
-        except ConnectionResetError:
-            pass  # The client left; it may attach again by task id.
-        return writer.response
+        outcome = asyncio.ensure_future(stream.read())
+        await asyncio.wait({outcome}, timeout=QUICK_RESULT_S)
+        if outcome.done():
+            return sse_response([("task_id", first.task_id), *_outcome_events(outcome)])
+        return await _stream_call(request, first.task_id, outcome)
     finally:
         # Ends our watching only: the backend never cancels a tool with its stream.
+        if outcome is not None:
+            outcome.cancel()
         stream.cancel()
 
 
-async def _unknown_task_id(request: web.Request) -> web.StreamResponse:
-    # The reference answers an unknown task id in-band, with this message.
+async def _stream_call(request: web.Request, task_id: str, outcome: asyncio.Future) -> web.StreamResponse:
+    """The task id now, `: ping` while the tool runs, then its outcome."""
     writer = SSEWriter(request)
     await writer.start()
-    await writer.event("error", "unknown task_id")
-    await writer.finish()
+    try:
+        await writer.event("task_id", task_id)
+        await writer.wait_with_keepalive(outcome, request.app[CONFIG].keepalive_interval_s)
+        await writer.events(_outcome_events(outcome))
+        await writer.finish()
+    except ConnectionResetError:
+        pass  # The client left; it may attach again by task id.
     return writer.response
 
 
-async def _stream_outcome(stream: Any, writer: SSEWriter, keepalive_interval_s: float) -> None:
-    """The call's result as `chunk`*/`end`, or its failure as `error`."""
+def _outcome_events(outcome: asyncio.Future) -> list[Event]:
+    """A call's result as `chunk`*/`end`, or its failure as `error`, from the
+    finished read of the call's second message."""
     try:
-        message = await writer.await_with_keepalive(stream.read(), keepalive_interval_s)
+        message = outcome.result()
     except grpc.aio.AioRpcError as exc:
         if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) and error_reason(exc) is None:
             # The backend went away mid-call: end the stream without `end`,
             # so the client reconnects with the task id instead of giving up.
-            return
-        await writer.event("error", exc.details() or exc.code().name)
-        return
+            return []
+        return [("error", exc.details() or exc.code().name)]
     if message is grpc.aio.EOF:
-        return
+        return []
     event = message.WhichOneof("event")
     if event == "result":
-        await writer.chunked(convert.run_tool_result_json(message.result))
-    elif event == "failure":
-        await writer.event("error", message.failure.message)
+        return chunk_events(convert.run_tool_result_json(message.result))
+    if event == "failure":
+        return [("error", message.failure.message)]
+    return []
 
 
 # --------------------------------------------------------------------------
