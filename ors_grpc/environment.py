@@ -109,8 +109,9 @@ class Environment(ABC):
     #: Where this environment's synchronous code (constructor, setup, prompt,
     #: tools, task listing, teardown) runs. None (the default): each function
     #: starts in a worker thread and moves to the event loop once its calls
-    #: prove quick (8 calls within 2 ms each); a call that overruns sends it
-    #: back to threads for good. True: always on the loop, as the reference
+    #: prove quick (8 in a row within 2 ms each); a call over 2 ms on the
+    #: loop sends it back to threads, for a trial twice as long (see
+    #: `user_code`). True: always on the loop, as the reference
     #: SDK runs it (no thread round trip, but a slow call stalls every
     #: session). False: always in a worker thread (set it when sync code
     #: that is usually quick may block, e.g. waits on something the loop must

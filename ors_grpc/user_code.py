@@ -43,7 +43,7 @@ _busy_lock = threading.Lock()
 #: loop. It is well under the 5 ms for which a CPU-bound Python thread holds
 #: the GIL (and so stalls the loop anyway) before it must let go.
 INLINE_BUDGET_S = 0.002
-#: Calls in a worker thread, each within the budget, before a function moves
+#: Consecutive quick calls in worker threads before a function first moves
 #: to the loop.
 TRIAL_CALLS = 8
 
@@ -51,36 +51,37 @@ TRIAL_CALLS = 8
 class _Placement:
     """Where one sync function runs, when its environment leaves it to us.
 
-    It starts in worker threads. After `TRIAL_CALLS` calls that each returned
-    within `INLINE_BUDGET_S`, it runs on the loop. A call over the budget,
-    in a thread or on the loop, sends it to worker threads for good: slow
-    code stalls the loop at most once, in the call that shows it is slow.
+    It runs in worker threads until `trial_calls` consecutive calls have each
+    returned within `INLINE_BUDGET_S`; then on the loop. An overrun in a
+    thread starts the trial over (a thread waiting for the GIL looks slow
+    too, so one overrun proves little). An overrun on the loop, the one stall
+    slow code can cause, sends it back to threads with a trial twice as long:
+    code that is slow now and then moves to the loop ever more rarely.
     """
 
-    __slots__ = ("name", "quick_calls", "slow")
+    __slots__ = ("name", "quick_calls", "trial_calls")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.quick_calls = 0
-        self.slow = False
+        self.trial_calls = TRIAL_CALLS
 
     @property
     def on_loop(self) -> bool:
-        return not self.slow and self.quick_calls >= TRIAL_CALLS
+        return self.quick_calls >= self.trial_calls
 
     def record(self, seconds: float) -> None:
         """Account for one call that took `seconds` (wherever it ran)."""
         if seconds <= INLINE_BUDGET_S:
             self.quick_calls += 1
-            if self.quick_calls == TRIAL_CALLS:
+            if self.quick_calls == self.trial_calls:
                 logger.debug("sync_code_moves_to_loop function=%s", self.name)
             return
         if self.on_loop:
-            logger.warning("sync_code_stalled_loop function=%s ms=%.1f now_in=worker_threads",
-                           self.name, seconds * 1000)
-        else:
-            logger.debug("sync_code_slow_in_trial function=%s ms=%.1f", self.name, seconds * 1000)
-        self.slow = True
+            self.trial_calls *= 2
+            logger.warning("sync_code_stalled_loop function=%s ms=%.1f next_trial_calls=%d",
+                           self.name, seconds * 1000, self.trial_calls)
+        self.quick_calls = 0
 
 
 # Keyed by the function itself, so the placement outlives any one bound
