@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
@@ -191,76 +190,6 @@ async def test_index_defaults_and_async_hooks_over_grpc() -> None:
         assert event.result.error == "'not_a_tool_two_params' is not a valid tool"
         await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
     assert AuthoredEnv.teardowns == ["done"]
-
-
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-class WhereCodeRuns(Environment):
-    """Records, for each piece of its sync code, whether it ran on the event loop."""
-
-    seen: dict[str, bool] = {}
-
-    def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
-        super().__init__(task_spec, secrets)
-        self.seen["constructor"] = _on_event_loop()
-
-    def setup(self) -> None:
-        self.seen["setup"] = _on_event_loop()
-
-    @classmethod
-    def list_splits(cls) -> list[str]:
-        return ["train"]
-
-    @classmethod
-    def list_tasks(cls, split: str) -> list[dict]:
-        cls.seen["list_tasks"] = _on_event_loop()
-        return [{}]
-
-    def get_prompt(self) -> list[TextBlock]:
-        self.seen["get_prompt"] = _on_event_loop()
-        return [TextBlock(text="where?")]
-
-    @tool
-    def where(self) -> ToolOutput:
-        """Answers where it ran."""
-        self.seen["tool"] = _on_event_loop()
-        return ToolOutput(blocks=[TextBlock(text="here")])
-
-    def teardown(self) -> None:
-        self.seen["teardown"] = _on_event_loop()
-
-
-class WhereCodeRunsOnLoop(WhereCodeRuns):
-    sync_code_on_loop = True
-
-
-class WhereCodeRunsInThreads(WhereCodeRuns):
-    sync_code_on_loop = False
-
-
-# The default (None) starts every function in a worker thread; where it goes
-# from there is tests/test_user_code.py's subject.
-@pytest.mark.parametrize("env_cls, on_loop",
-                         [(WhereCodeRuns, False), (WhereCodeRunsInThreads, False), (WhereCodeRunsOnLoop, True)])
-async def test_a_first_episode_runs_sync_code_in_worker_threads_unless_the_environment_opts_for_the_loop(
-    env_cls, on_loop
-) -> None:
-    WhereCodeRuns.seen = {}
-    async with serving([env_cls]) as stub:
-        sid = await create_episode(stub, env_cls.__name__.lower(), split="train", index=0)
-        await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-        _, event = await call_tool(stub, sid, "where")
-        assert event.result.output.blocks[0].text.text == "here"
-        await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
-    assert WhereCodeRuns.seen == dict.fromkeys(
-        ["list_tasks", "constructor", "setup", "get_prompt", "tool", "teardown"], on_loop
-    )
 
 
 async def test_tool_returning_the_wrong_type_fails() -> None:

@@ -68,6 +68,7 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
         def work(self, params: Work) -> ToolOutput:
             """Sleeps as asked; answers where it ran."""
             time.sleep(params.sleep_s)
+            self.seen["tool"] = _where()
             return ToolOutput(blocks=[TextBlock(text=_where())])
 
         def teardown(self) -> None:
@@ -111,14 +112,28 @@ async def test_an_environment_that_chooses_keeps_its_choice(on_loop: bool, expec
     assert set(places) == {expected}
 
 
-async def test_every_kind_of_quick_sync_code_earns_the_loop() -> None:
-    env_cls = fresh_env()
+async def run_episodes(env_cls: type[Environment], count: int) -> dict[str, str]:
+    """Run `count` whole episodes (task by index, prompt, one call); where
+    each kind of sync code ran in the last one."""
     async with serving([env_cls]) as stub:
-        for _ in range(user_code.TRIAL_CALLS + 1):
+        for _ in range(count):
             env_cls.seen = {}
             sid = await create_episode(stub, "placed", split="train", index=0)
             await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
             await call_tool(stub, sid, "work", {})
             await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
-    kinds = ["list_tasks", "constructor", "setup", "get_prompt", "teardown"]
-    assert env_cls.seen == dict.fromkeys(kinds, "loop")
+    return env_cls.seen
+
+
+KINDS = ["list_tasks", "constructor", "setup", "get_prompt", "tool", "teardown"]
+
+
+@pytest.mark.parametrize("on_loop, expected", [(None, "thread"), (False, "thread"), (True, "loop")])
+async def test_a_first_episode_runs_sync_code_in_worker_threads_unless_the_environment_pins_the_loop(
+    on_loop: bool | None, expected: str
+) -> None:
+    assert await run_episodes(fresh_env(on_loop), 1) == dict.fromkeys(KINDS, expected)
+
+
+async def test_every_kind_of_quick_sync_code_earns_the_loop() -> None:
+    assert await run_episodes(fresh_env(), user_code.TRIAL_CALLS + 1) == dict.fromkeys(KINDS, "loop")
