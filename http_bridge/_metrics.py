@@ -8,6 +8,7 @@ them at `http://HOST:N/metrics`, on a port apart from the ORS API's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Awaitable, Callable
 
@@ -21,6 +22,9 @@ __all__ = ["REQUESTS", "REQUEST_SECONDS", "record_metrics"]
 #: A client that leaves before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
 UNMATCHED_ROUTE = "unmatched"
+#: Methods labelled as themselves; any other is labelled "other", so that
+#: clients cannot mint label values (each would be kept for good).
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
 REQUESTS = Counter("ors_bridge_requests", "HTTP requests answered, by route, method and status.",
                    ["route", "method", "status"])
@@ -57,6 +61,13 @@ async def record_metrics(request: web.Request, handler: Handler) -> web.StreamRe
         status = CLIENT_CLOSED_REQUEST
         raise
     finally:
-        route, method = _route_label(request), request.method
-        REQUESTS.labels(route, method, str(status)).inc()
-        REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - started)
+        method = request.method if request.method in KNOWN_METHODS else "other"
+        count, seconds = _request_metrics(_route_label(request), method, status)
+        count.inc()
+        seconds.observe(time.perf_counter() - started)
+
+
+@functools.lru_cache(maxsize=4096)
+def _request_metrics(route: str, method: str, status: int) -> tuple[Counter, Histogram]:
+    """The metric children of one label set, looked up once (`labels()` takes a lock)."""
+    return REQUESTS.labels(route, method, str(status)), REQUEST_SECONDS.labels(route, method)

@@ -195,6 +195,11 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler  # no client-streaming RPCs in this service
 
 
+@functools.lru_cache(maxsize=None)  # methods and status codes are fixed sets
+def _handled(method: str, code: str) -> Counter:
+    return RPCS_HANDLED.labels(method, code)
+
+
 def _counted_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
     async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
         raised: BaseException | None = None
@@ -204,7 +209,7 @@ def _counted_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Call
             raised = exc
             raise
         finally:
-            RPCS_HANDLED.labels(method, _status_name(context, raised)).inc()
+            _handled(method, _status_name(context, raised)).inc()
 
     return counted
 
@@ -225,7 +230,7 @@ def _counted_stream(behavior: Callable[..., Any], method: str) -> Callable[..., 
             raised = exc
             raise
         finally:
-            RPCS_HANDLED.labels(method, _status_name(context, raised)).inc()
+            _handled(method, _status_name(context, raised)).inc()
 
     return counted
 

@@ -103,9 +103,14 @@ async def test_bridge_alone_exposes_requests_by_route_and_status() -> None:
                     assert response.status == 200
             async with http.get("/echoenv/prompt") as response:
                 assert response.status == 400  # no X-Session-ID
+            for method in ("PROPFIND", "PURGE"):
+                async with http.request(method, "/list_environments") as response:
+                    assert response.status == 405
         samples = await scrape(metrics_url)
     assert value(samples, "ors_bridge_requests_total", route="/list_environments", method="GET", status="200") == 2
     assert value(samples, "ors_bridge_requests_total", route="/{env}/prompt", method="GET", status="400") == 1
+    # A client cannot mint label values with methods of its own.
+    assert value(samples, "ors_bridge_requests_total", route="unmatched", method="other", status="405") == 2
     # The bridge process holds no sessions: the service's gauges stay at zero there.
     assert total(samples, "ors_sessions_created_total") == 0
 
