@@ -157,6 +157,7 @@ def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -
 
 
 async def _in_worker_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
+    # A call that raises is not counted: it neither earns nor costs a place.
     loop = asyncio.get_running_loop()
     result, seconds = await loop.run_in_executor(_user_code_executor(), _counted, fn, args)
     if placement is not None:
