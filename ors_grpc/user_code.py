@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import inspect
 import logging
 import threading
@@ -46,6 +47,34 @@ INLINE_BUDGET_S = 0.002
 #: Consecutive quick calls in worker threads before a function first moves
 #: to the loop.
 TRIAL_CALLS = 8
+#: Consecutive quick calls on the loop after which a function's next trial
+#: is halved again (down to TRIAL_CALLS): a rare overrun (the machine
+#: paused the process) is forgiven, code slow more often than this is not.
+FORGIVE_AFTER_CALLS = 1000
+
+
+class _GarbageCollectionClock:
+    """Seconds spent in garbage collection so far, in any thread. A full
+    collection can take tens of milliseconds; a call it interrupts is not
+    slow for it, so calls are timed without it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+
+_gc_clock = _GarbageCollectionClock()
+
+
+def _elapsed_without_gc(started: float, gc_before: float) -> float:
+    return time.perf_counter() - started - (_gc_clock.seconds - gc_before)
 
 
 class _Placement:
@@ -55,8 +84,10 @@ class _Placement:
     returned within `INLINE_BUDGET_S`; then on the loop. An overrun in a
     thread starts the trial over (a thread waiting for the GIL looks slow
     too, so one overrun proves little). An overrun on the loop, the one stall
-    slow code can cause, sends it back to threads with a trial twice as long:
-    code that is slow now and then moves to the loop ever more rarely.
+    slow code can cause, sends it back to threads with a trial twice as long;
+    `FORGIVE_AFTER_CALLS` quick calls on the loop halve it again. So code
+    that is slow more than about once in a thousand calls ends up in threads,
+    and quick code survives the odd pause of the process.
     """
 
     __slots__ = ("name", "quick_calls", "trial_calls")
@@ -72,16 +103,22 @@ class _Placement:
 
     def record(self, seconds: float) -> None:
         """Account for one call that took `seconds` (wherever it ran)."""
-        if seconds <= INLINE_BUDGET_S:
-            self.quick_calls += 1
-            if self.quick_calls == self.trial_calls:
-                logger.debug("sync_code_moves_to_loop function=%s", self.name)
-            return
-        if self.on_loop:
-            self.trial_calls *= 2
-            logger.warning("sync_code_stalled_loop function=%s ms=%.1f next_trial_calls=%d",
+        if seconds > INLINE_BUDGET_S:
+            if self.on_loop:
+                self.trial_calls *= 2
+                # A few milliseconds now and then is the machine pausing the
+                # process; 100 ms is asyncio's own threshold for a slow callback.
+                level = logging.WARNING if seconds >= 0.1 else logging.DEBUG
+                logger.log(level, "sync_code_stalled_loop function=%s ms=%.1f next_trial_calls=%d",
                            self.name, seconds * 1000, self.trial_calls)
-        self.quick_calls = 0
+            self.quick_calls = 0
+            return
+        self.quick_calls += 1
+        if self.quick_calls == self.trial_calls:
+            logger.debug("sync_code_moves_to_loop function=%s", self.name)
+        elif self.quick_calls >= self.trial_calls + FORGIVE_AFTER_CALLS and self.trial_calls > TRIAL_CALLS:
+            self.trial_calls //= 2
+            self.quick_calls = self.trial_calls  # still on the loop, counting afresh
 
 
 # Keyed by the function itself, so the placement outlives any one bound
@@ -149,11 +186,11 @@ async def run_user_code(
 
 
 def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -> Any:
-    started = time.perf_counter()
+    started, gc_before = time.perf_counter(), _gc_clock.seconds
     try:
         return fn(*args)
     finally:
-        placement.record(time.perf_counter() - started)
+        placement.record(_elapsed_without_gc(started, gc_before))
 
 
 async def _in_worker_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
@@ -177,9 +214,9 @@ def _counted(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
     global _busy_threads
     with _busy_lock:
         _busy_threads += 1
-    started = time.perf_counter()
+    started, gc_before = time.perf_counter(), _gc_clock.seconds
     try:
-        return fn(*args), time.perf_counter() - started
+        return fn(*args), _elapsed_without_gc(started, gc_before)
     finally:
         with _busy_lock:
             _busy_threads -= 1

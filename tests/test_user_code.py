@@ -5,6 +5,7 @@ loop, slow ones stay in (or go back to) worker threads."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -34,6 +35,7 @@ def _where() -> str:
 
 class Work(BaseModel):
     sleep_s: float = 0.0
+    collect_garbage: bool = False
 
 
 def fresh_env(on_loop: bool | None = None) -> type[Environment]:
@@ -68,6 +70,8 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
         def work(self, params: Work) -> ToolOutput:
             """Sleeps as asked; answers where it ran."""
             time.sleep(params.sleep_s)
+            if params.collect_garbage:
+                gc.collect()
             self.seen["tool"] = _where()
             return ToolOutput(blocks=[TextBlock(text=_where())])
 
@@ -77,13 +81,15 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
     return Placed
 
 
-async def places_of_calls(env_cls: type[Environment], sleeps: list[float]) -> list[str]:
-    """Call the `work` tool once per entry of `sleeps`, in one episode; where each call ran."""
+async def places_of_calls(env_cls: type[Environment], sleeps: list[float | dict]) -> list[str]:
+    """Call the `work` tool once per entry of `sleeps` (a sleep, or the whole
+    input), in one episode; where each call ran."""
     async with serving([env_cls]) as stub:
         sid = await create_episode(stub, "placed")
         places = []
         for sleep_s in sleeps:
-            _, event = await call_tool(stub, sid, "work", {"sleep_s": sleep_s})
+            tool_input = sleep_s if isinstance(sleep_s, dict) else {"sleep_s": sleep_s}
+            _, event = await call_tool(stub, sid, "work", tool_input)
             places.append(event.result.output.blocks[0].text.text)
         await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
     return places
@@ -98,6 +104,29 @@ async def test_a_tool_that_overruns_on_the_loop_goes_back_to_threads_for_a_trial
     trial = user_code.TRIAL_CALLS
     places = await places_of_calls(fresh_env(), [0.0] * trial + [SLOW_S] + [0.0] * (2 * trial + 2))
     assert places[trial:] == ["loop"] + ["thread"] * (2 * trial) + ["loop"] * 2
+
+
+async def test_quick_calls_on_the_loop_forgive_an_overrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(user_code, "FORGIVE_AFTER_CALLS", 3)
+    trial = user_code.TRIAL_CALLS
+    # Overrun (trial doubles), prove it, then 3 quick calls on the loop: the
+    # trial is halved back, so the next overrun costs `trial`, not 4 * `trial`.
+    sleeps = [0.0] * trial + [SLOW_S] + [0.0] * (2 * trial + 3) + [SLOW_S] + [0.0] * (2 * trial + 1)
+    places = await places_of_calls(fresh_env(), sleeps)
+    second_overrun = trial + 1 + 2 * trial + 3
+    assert places[second_overrun - 3 : second_overrun + 1] == ["loop"] * 4
+    assert places[second_overrun + 1 :] == ["thread"] * (2 * trial) + ["loop"]
+
+
+async def test_garbage_collection_during_a_call_on_the_loop_is_not_an_overrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    heap = [[] for _ in range(300_000)]  # work for the collector
+    started = time.perf_counter()
+    gc.collect()
+    monkeypatch.setattr(user_code, "INLINE_BUDGET_S", (time.perf_counter() - started) / 2)
+    trial = user_code.TRIAL_CALLS
+    places = await places_of_calls(fresh_env(), [0.0] * trial + [{"collect_garbage": True}, 0.0])
+    assert places[trial:] == ["loop", "loop"]
+    del heap
 
 
 async def test_an_overrun_in_a_worker_thread_starts_the_trial_over() -> None:
