@@ -301,20 +301,42 @@ def test_every_rpc_answers_well_typed_garbage_with_a_client_error(live: Live, ch
     check()
 
 
-def test_any_sequence_of_run_episode_steps_gets_one_answer_per_step(live: Live, channel: grpc.Channel) -> None:
-    run_episode = channel.stream_stream(
+@pytest.fixture
+def run_episode(channel: grpc.Channel) -> Any:
+    return channel.stream_stream(
         f"/{SERVICE.full_name}/RunEpisode",
         request_serializer=pb.RunEpisodeRequest.SerializeToString,
         response_deserializer=pb.RunEpisodeResponse.FromString,
     )
+
+
+def test_an_oversized_run_episode_step_ends_the_stream_with_resource_exhausted(run_episode: Any) -> None:
+    steps = [pb.RunEpisodeRequest(get_prompt=pb.GetPromptRequest(session_id="no-such-session")),
+             pb.RunEpisodeRequest(create=pb.CreateEpisodeRequest(session_id="x" * LIMIT_BYTES))]
+    with pytest.raises(grpc.RpcError) as caught:
+        for _ in run_episode(iter(steps), timeout=30):
+            pass
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and caught.value.details()
+
+
+def test_any_sequence_of_run_episode_steps_gets_one_answer_per_step(live: Live, run_episode: Any) -> None:
     steps = st.lists(_message(pb.RunEpisodeRequest.DESCRIPTOR, live).map(lambda kw: pb.RunEpisodeRequest(**kw)),
                      max_size=6)
 
     @given(steps=steps)
     @HYPOTHESIS
     def check(steps: list[pb.RunEpisodeRequest]) -> None:
-        answers = list(run_episode(iter(steps), timeout=30))
-        assert len(answers) == len(steps)
+        answers, code = [], grpc.StatusCode.OK
+        try:
+            answers.extend(run_episode(iter(steps), timeout=30))
+        except grpc.RpcError as error:
+            code = error.code()
+        oversized = [i for i, step in enumerate(steps) if step.ByteSize() > LIMIT_BYTES]
+        if oversized:
+            # gRPC refuses a message over the limit by ending the whole call.
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and len(answers) <= oversized[0]
+        else:
+            assert code == grpc.StatusCode.OK and len(answers) == len(steps)
         for step, answer in zip(steps, answers):
             if answer.WhichOneof("step") == "error":
                 failure = ORSServerError.from_step_error(answer.error)
