@@ -142,15 +142,20 @@ def _placement(fn: Callable[..., Any]) -> _Placement | None:
     return placement
 
 
+def _decide(fn: Callable[..., Any], on_loop: bool | None) -> tuple[bool, _Placement | None]:
+    """Where a plain function runs if called now: (in a worker thread, the
+    placement record to account the call to; None when the environment
+    pinned the choice or `fn` has no record)."""
+    if on_loop is not None:
+        return not on_loop, None
+    placement = _placement(fn)
+    return placement is None or not placement.on_loop, placement
+
+
 def runs_in_worker_thread(fn: Callable[..., Any], on_loop: bool | None) -> bool:
     """Whether `run_user_code(fn, on_loop=on_loop)`, called now, runs `fn` in
     a worker thread (where cancelling the caller cannot interrupt it)."""
-    if on_loop or inspect.iscoroutinefunction(fn):
-        return False
-    if on_loop is False:
-        return True
-    placement = _placement(fn)
-    return placement is None or not placement.on_loop
+    return not inspect.iscoroutinefunction(fn) and _decide(fn, on_loop)[0]
 
 
 async def run_user_code(
@@ -169,16 +174,15 @@ async def run_user_code(
     """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
+    in_thread, placement = _decide(fn, on_loop)  # on entry, as `runs_in_worker_thread` answers
     if on_loop:
-        result = fn(*args)
+        result = fn(*args)  # all of the environment's sync code is on the loop: none can overlap
     else:
-        # Decided on entry, as `runs_in_worker_thread` answers.
-        placement = None if on_loop is False else _placement(fn)
-        in_thread = placement is None or not placement.on_loop
         async with sync_lock or contextlib.nullcontext():
             if in_thread:
                 result = await _in_worker_thread(placement, fn, args)
             else:
+                assert placement is not None  # only a placement puts unpinned code on the loop
                 result = _timed_on_loop(placement, fn, args)
     if inspect.isawaitable(result):
         result = await result
