@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import grpc
 import pytest
@@ -132,12 +132,18 @@ async def test_cancelling_an_in_process_stream_leaves_the_tool_running():
         assert last.result.output.blocks[0].text.text == "slept"
 
 
-async def test_stopping_the_server_lets_in_process_tool_calls_finish_within_the_grace():
+async def sleeping_in_process(seconds: float) -> tuple[grpc.aio.Server, Any]:
+    """A server, and an in-process call of its `sleep` tool whose task id has been read."""
     server, _ = await create_server(TEST_ENVIRONMENTS, "127.0.0.1:0")
     stub = pb_grpc.EnvironmentServiceStub(in_process_channel(server))
     sid = await create_episode(stub)
-    stream = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("sleep", {"seconds": 0.5})))
+    stream = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("sleep", {"seconds": seconds})))
     assert (await stream.read()).task_id
+    return server, stream
+
+
+async def test_stopping_the_server_lets_in_process_tool_calls_finish_within_the_grace():
+    server, stream = await sleeping_in_process(0.5)
     stopping = asyncio.create_task(server.stop(5))
     last = await stream.read()
     assert last.result.output.blocks[0].text.text == "slept"
@@ -145,11 +151,7 @@ async def test_stopping_the_server_lets_in_process_tool_calls_finish_within_the_
 
 
 async def test_stopping_without_grace_ends_in_process_tool_calls_at_once():
-    server, _ = await create_server(TEST_ENVIRONMENTS, "127.0.0.1:0")
-    stub = pb_grpc.EnvironmentServiceStub(in_process_channel(server))
-    sid = await create_episode(stub)
-    stream = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("sleep", {"seconds": 60})))
-    assert (await stream.read()).task_id
+    server, stream = await sleeping_in_process(60)
     await server.stop(None)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stream.read()
