@@ -81,14 +81,14 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
     return Placed
 
 
-async def places_of_calls(env_cls: type[Environment], sleeps: list[float | dict]) -> list[str]:
-    """Call the `work` tool once per entry of `sleeps` (a sleep, or the whole
-    input), in one episode; where each call ran."""
+async def places_of_calls(env_cls: type[Environment], calls: list[float | dict]) -> list[str]:
+    """Call the `work` tool once per entry of `calls` (seconds to sleep, or
+    the whole input), in one episode; where each call ran."""
     async with serving([env_cls]) as stub:
         sid = await create_episode(stub, "placed")
         places = []
-        for sleep_s in sleeps:
-            tool_input = sleep_s if isinstance(sleep_s, dict) else {"sleep_s": sleep_s}
+        for call in calls:
+            tool_input = call if isinstance(call, dict) else {"sleep_s": call}
             _, event = await call_tool(stub, sid, "work", tool_input)
             places.append(event.result.output.blocks[0].text.text)
         await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
