@@ -96,6 +96,13 @@ class ErrorReason(betterproto.Enum):
     UNAUTHENTICATED = 12
     """The API key is missing or wrong. UNAUTHENTICATED."""
 
+    IDEMPOTENCY_KEY_REUSED = 30
+    """
+    The idempotency key (CallToolRequest `idempotency_key`, HTTP
+     `Idempotency-Key`) already names a call of this session with another
+     tool or input. INVALID_ARGUMENT.
+    """
+
 
 class SplitType(betterproto.Enum):
     """What a split is used for."""
@@ -553,6 +560,19 @@ class CallToolRequest(betterproto.Message):
     call: "ToolCall" = betterproto.message_field(2)
     """The tool to run, or (with `task_id` set) the call to attach to."""
 
+    idempotency_key: str = betterproto.string_field(3)
+    """
+    Makes the call idempotent: the call runs under this task id, chosen by
+     the client (1 to 128 characters, scoped to the session), and a request
+     with the same key attaches to that call instead of running the tool
+     again, whether the first request's stream broke before or after the
+     task id was sent, while the call's result is kept (see CallTool). The
+     same key with another tool or input fails with
+     ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with
+     `call.task_id`. The HTTP bridge fills it from the `Idempotency-Key`
+     header of `/call`.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class ToolFailure(betterproto.Message):
@@ -726,6 +746,55 @@ class StepError(betterproto.Message):
 
     message: str = betterproto.string_field(3)
     """The human-readable message."""
+
+
+@dataclass(eq=False, repr=False)
+class PrepareEpisodesRequest(betterproto.Message):
+    """
+    Request of PrepareEpisodes. Give the tasks as `task_specs` or as `split`
+     and `indices`, not both; each entry prepares one episode (repeat a task to
+     prepare several episodes of it).
+    """
+
+    env_name: str = betterproto.string_field(1)
+    """
+    The environment's name (case-insensitive); empty means the default (the
+     first registered) environment.
+    """
+
+    task_specs: List["JsonValue"] = betterproto.message_field(2)
+    """The tasks, as task specs (JSON objects)."""
+
+    split: str = betterproto.string_field(3)
+    """The split of `indices`."""
+
+    indices: List[int] = betterproto.int64_field(4)
+    """The tasks, as indices in `split`."""
+
+    secrets: Dict[str, str] = betterproto.map_field(
+        5, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """
+    Secrets passed to the environments' constructors (name to value), as in
+     CreateEpisodeRequest; a creation must carry exactly these to claim one
+     of the episodes. Never logged, echoed or persisted.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class PrepareEpisodesResponse(betterproto.Message):
+    """Response of PrepareEpisodes."""
+
+    preparing: int = betterproto.int64_field(1)
+    """
+    How many episodes this request started to prepare (one per task given).
+    """
+
+    ttl_seconds: float = betterproto.double_field(2)
+    """
+    Seconds a prepared episode is held, once its setup ended, before it is
+     torn down unclaimed.
+    """
 
 
 class EnvironmentServiceStub(betterproto.ServiceStub):
@@ -1040,6 +1109,23 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
         ):
             yield response
 
+    async def prepare_episodes(
+        self,
+        prepare_episodes_request: "PrepareEpisodesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "PrepareEpisodesResponse":
+        return await self._unary_unary(
+            "/ors.v1.EnvironmentService/PrepareEpisodes",
+            prepare_episodes_request,
+            PrepareEpisodesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -1126,6 +1212,11 @@ class EnvironmentServiceBase(ServiceBase):
     ) -> AsyncIterator[RunEpisodeResponse]:
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield RunEpisodeResponse()
+
+    async def prepare_episodes(
+        self, prepare_episodes_request: "PrepareEpisodesRequest"
+    ) -> "PrepareEpisodesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_health(
         self, stream: "grpclib.server.Stream[HealthRequest, HealthResponse]"
@@ -1265,6 +1356,14 @@ class EnvironmentServiceBase(ServiceBase):
             request,
         )
 
+    async def __rpc_prepare_episodes(
+        self,
+        stream: "grpclib.server.Stream[PrepareEpisodesRequest, PrepareEpisodesResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.prepare_episodes(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -1374,5 +1473,11 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 RunEpisodeRequest,
                 RunEpisodeResponse,
+            ),
+            "/ors.v1.EnvironmentService/PrepareEpisodes": grpclib.const.Handler(
+                self.__rpc_prepare_episodes,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PrepareEpisodesRequest,
+                PrepareEpisodesResponse,
             ),
         }

@@ -199,12 +199,14 @@ class ListTaskToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolSpec, _Mapping]]] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("session_id", "call")
+    __slots__ = ("session_id", "call", "idempotency_key")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CALL_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     call: _types_pb2.ToolCall
-    def __init__(self, session_id: _Optional[str] = ..., call: _Optional[_Union[_types_pb2.ToolCall, _Mapping]] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, session_id: _Optional[str] = ..., call: _Optional[_Union[_types_pb2.ToolCall, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class ToolFailure(_message.Message):
     __slots__ = ("message",)
@@ -307,3 +309,32 @@ class StepError(_message.Message):
     reason: _errors_pb2.ErrorReason
     message: str
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[_Union[_errors_pb2.ErrorReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PrepareEpisodesRequest(_message.Message):
+    __slots__ = ("env_name", "task_specs", "split", "indices", "secrets")
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_SPECS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    env_name: str
+    task_specs: _containers.RepeatedCompositeFieldContainer[_types_pb2.JsonValue]
+    split: str
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, env_name: _Optional[str] = ..., task_specs: _Optional[_Iterable[_Union[_types_pb2.JsonValue, _Mapping]]] = ..., split: _Optional[str] = ..., indices: _Optional[_Iterable[int]] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PrepareEpisodesResponse(_message.Message):
+    __slots__ = ("preparing", "ttl_seconds")
+    PREPARING_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    preparing: int
+    ttl_seconds: float
+    def __init__(self, preparing: _Optional[int] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...

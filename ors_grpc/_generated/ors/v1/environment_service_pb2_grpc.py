@@ -137,6 +137,11 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.FromString,
                 _registered_method=True)
+        self.PrepareEpisodes = channel.unary_unary(
+                '/ors.v1.EnvironmentService/PrepareEpisodes',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -310,6 +315,26 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareEpisodes(self, request, context):
+        """Prepares episodes ahead (an extension of ORS): for each given task the
+        server constructs the environment and runs `setup()` in the background,
+        without a session. A later episode creation (CreateEpisode, a RunEpisode
+        `create` step, HTTP `/create`) for the same environment and the same
+        task (compared as canonical JSON: keys sorted) claims one of them at
+        once, ready or still setting up, instead of starting a setup of its own;
+        with none to claim it behaves as always. A prepared episode is claimed
+        only by a creation with exactly the same secrets and the same
+        `x-api-key` metadata (compared as keyed hashes, never logged). A setup
+        that failed is reported when the episode is claimed, as the failure of a
+        normal setup is. Prepared episodes count toward the server's session
+        limit (TOO_MANY_SESSIONS when they do not all fit: none is prepared
+        then); one not claimed within the server's warm TTL after its setup
+        ended is torn down with `teardown()`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -402,6 +427,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.RunEpisode,
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.SerializeToString,
+            ),
+            'PrepareEpisodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareEpisodes,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -902,6 +932,33 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/RunEpisode',
             ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/PrepareEpisodes',
+            ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesResponse.FromString,
             options,
             channel_credentials,
             insecure,

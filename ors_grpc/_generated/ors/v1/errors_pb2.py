@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ors/v1/errors.proto\x12\x06ors.v1*\xc7\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12 \n\x1c\x45RROR_REASON_INVALID_REQUEST\x10\x01\x12$\n ERROR_REASON_UNKNOWN_ENVIRONMENT\x10\x02\x12\x1e\n\x1a\x45RROR_REASON_INVALID_SPLIT\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_INVALID_INDEX\x10\x04\x12$\n ERROR_REASON_LISTING_UNSUPPORTED\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_SESSION_EXISTS\x10\x06\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x07\x12 \n\x1c\x45RROR_REASON_SESSION_DELETED\x10\x08\x12\x1d\n\x19\x45RROR_REASON_SETUP_FAILED\x10\t\x12 \n\x1c\x45RROR_REASON_UNKNOWN_TASK_ID\x10\n\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_SESSIONS\x10\x0b\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ors/v1/errors.proto\x12\x06ors.v1*\xf0\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12 \n\x1c\x45RROR_REASON_INVALID_REQUEST\x10\x01\x12$\n ERROR_REASON_UNKNOWN_ENVIRONMENT\x10\x02\x12\x1e\n\x1a\x45RROR_REASON_INVALID_SPLIT\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_INVALID_INDEX\x10\x04\x12$\n ERROR_REASON_LISTING_UNSUPPORTED\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_SESSION_EXISTS\x10\x06\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x07\x12 \n\x1c\x45RROR_REASON_SESSION_DELETED\x10\x08\x12\x1d\n\x19\x45RROR_REASON_SETUP_FAILED\x10\t\x12 \n\x1c\x45RROR_REASON_UNKNOWN_TASK_ID\x10\n\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_SESSIONS\x10\x0b\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x0c\x12\'\n#ERROR_REASON_IDEMPOTENCY_KEY_REUSED\x10\x1e\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ors.v1.errors_pb2', _global
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=32
-  _globals['_ERRORREASON']._serialized_end=487
+  _globals['_ERRORREASON']._serialized_end=528
 # @@protoc_insertion_point(module_scope)
