@@ -30,13 +30,16 @@ __all__ = [
     "Body",
     "CallBody",
     "CreateBody",
+    "PrepareBody",
     "SplitBody",
     "TaskBody",
     "TaskRangeBody",
     "blocks_json",
     "create_episode_request",
     "dumps",
+    "idempotency_key",
     "parse_body",
+    "prepare_episodes_request",
     "run_tool_result_json",
     "secrets_from_header",
     "split_json",
@@ -103,6 +106,22 @@ class CreateBody(Body):
     @model_validator(mode="after")
     def _one_task_source(self) -> "CreateBody":
         check_task_source(self.task_spec, self.split, self.index)
+        return self
+
+
+class PrepareBody(Body):
+    """Body of `/{env}/prepare` (an extension): `task_specs`, or `split` + `indices`."""
+
+    task_specs: Optional[list[dict[str, Any]]] = None
+    split: Optional[str] = None
+    indices: Optional[list[int]] = None
+    secrets: Optional[dict[str, str]] = None
+
+    @model_validator(mode="after")
+    def _one_task_source(self) -> "PrepareBody":
+        by_index = self.split is not None or self.indices is not None
+        if bool(self.task_specs) == by_index or (by_index and not (self.split and self.indices)):
+            raise ValueError("Provide either task_specs or both split and indices, not both/neither")
         return self
 
 
@@ -204,9 +223,33 @@ def task_request(env_name: str, body: TaskBody) -> service_pb2.GetTaskRequest:
     return service_pb2.GetTaskRequest(env_name=env_name, split=body.split, index=_int64(body.index))
 
 
-def tool_call_request(session_id: str, body: CallBody) -> service_pb2.CallToolRequest:
+def tool_call_request(session_id: str, body: CallBody, idempotency_key: str = "") -> service_pb2.CallToolRequest:
     call = types_pb2.ToolCall(name=body.name, input=_json_value(body.input), task_id=body.task_id or "")
-    return service_pb2.CallToolRequest(session_id=session_id, call=call)
+    return service_pb2.CallToolRequest(session_id=session_id, call=call, idempotency_key=idempotency_key)
+
+
+def idempotency_key(header: Optional[str]) -> str:
+    """The `Idempotency-Key` header's key ("" without one). The IETF draft
+    sends it as a quoted string; a bare token is taken as it is."""
+    key = (header or "").strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    if header is not None and not key:
+        raise BadRequest("Idempotency-Key header must not be empty")
+    return key
+
+
+def prepare_episodes_request(
+    env_name: str, body: PrepareBody, header_secrets: dict[str, str]
+) -> service_pb2.PrepareEpisodesRequest:
+    """The PrepareEpisodes request of a `/{env}/prepare` body; body secrets win over the header's."""
+    return service_pb2.PrepareEpisodesRequest(
+        env_name=env_name,
+        task_specs=[_json_value(spec) for spec in body.task_specs or ()],
+        split=body.split or "",
+        indices=[_int64(index) for index in body.indices or ()],
+        secrets={**header_secrets, **(body.secrets or {})},
+    )
 
 
 # --------------------------------------------------------------------------

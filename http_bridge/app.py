@@ -296,8 +296,10 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     session_id = _session_id(request)
     body = convert.parse_body(raw, convert.CallBody)
+    # Exactly once: the key becomes the call's task id (see docs/http-bridge.md).
+    key = convert.idempotency_key(request.headers.get("Idempotency-Key"))
     stream = _stub(request).CallTool(
-        convert.tool_call_request(session_id, body), metadata=call_metadata(request, session_id)
+        convert.tool_call_request(session_id, body, key), metadata=call_metadata(request, session_id)
     )
     outcome: Optional[asyncio.Future] = None
     try:
@@ -358,6 +360,20 @@ def _outcome_events(outcome: asyncio.Future) -> list[Event]:
 
 
 # --------------------------------------------------------------------------
+# Extensions of ORS
+# --------------------------------------------------------------------------
+
+
+async def prepare_episodes(request: web.Request) -> web.Response:
+    """Warm episodes: set up episodes of the given tasks ahead, for `/create` to claim."""
+    body = await _body(request, convert.PrepareBody)
+    header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
+    rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets)
+    response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request))
+    return _json({"preparing": response.preparing, "ttl_seconds": response.ttl_seconds})
+
+
+# --------------------------------------------------------------------------
 # The application
 # --------------------------------------------------------------------------
 
@@ -383,6 +399,7 @@ def _routes() -> list[web.RouteDef]:
         web.get("/{env}/prompt", get_prompt),
         web.get("/{env}/task_tools", task_tools),
         web.post("/{env}/call", call_tool),
+        web.post("/{env}/prepare", prepare_episodes),
     ]
 
 

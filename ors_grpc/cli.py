@@ -22,6 +22,8 @@ import ssl
 import sys
 from typing import Any, Callable, Sequence
 
+from .warm_pool import DEFAULT_WARM_TTL_S
+
 __all__ = ["main"]
 
 DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
@@ -64,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-timeout", type=float, default=900.0, help="seconds before an idle session is reaped")
     serve.add_argument("--max-sessions", type=int, default=None)
     serve.add_argument("--tool-timeout", type=float, default=None, help="seconds a tool call may run")
+    serve.add_argument("--warm-ttl", type=float, default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
+                       help="seconds an episode prepared ahead is held unclaimed once set up"
+                            f" (default {DEFAULT_WARM_TTL_S:g})")
     serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
@@ -175,6 +180,7 @@ async def _serve(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         max_sessions=args.max_sessions,
         tool_timeout_s=args.tool_timeout,
+        warm_ttl_s=args.warm_ttl,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )

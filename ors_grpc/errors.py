@@ -50,6 +50,8 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID: Mapping(grpc.StatusCode.NOT_FOUND, 404),
     errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     errors_pb2.ERROR_REASON_UNAUTHENTICATED: Mapping(grpc.StatusCode.UNAUTHENTICATED, 401),
+    # 422 as the IETF Idempotency-Key draft answers a key reused with another payload.
+    errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 422),
 }
 
 #: gRPC code to HTTP status for errors without an ORS reason, as in

@@ -32,12 +32,16 @@ __all__ = [
     "TOOL_CALLS",
     "TOOL_CALLS_IN_FLIGHT",
     "TOOL_CALL_SECONDS",
+    "WARM_EPISODES",
+    "WARM_EPISODES_ENDED",
     "RpcMetricsInterceptor",
     "session_closed",
     "session_opened",
     "start_metrics_server",
     "timed_setup",
     "timed_tool_call",
+    "warm_episode_ended",
+    "warm_episode_prepared",
 ]
 
 if TYPE_CHECKING:  # aiohttp is imported only to serve /metrics
@@ -70,6 +74,16 @@ TOOL_CALLS = Counter(
     " or timed out), cancelled (its session ended).",
     ["environment", "tool", "outcome"],
 )
+WARM_EPISODES = Gauge(
+    "ors_warm_episodes", "Episodes prepared ahead (PrepareEpisodes) and not yet claimed, set up or setting up.",
+    ["environment"],
+)
+WARM_EPISODES_ENDED = Counter(
+    "ors_warm_episodes_ended",
+    "Prepared episodes that left the pool, by outcome: claimed (by an episode creation), expired (torn down"
+    " unclaimed after the warm TTL), closed (torn down when the server stopped).",
+    ["environment", "outcome"],
+)
 RPCS_HANDLED = Counter(
     "ors_grpc_handled", "RPCs completed, by method and gRPC status code (errors: code != OK).", ["method", "code"],
 )
@@ -98,6 +112,15 @@ def session_opened(env_cls: type) -> None:
 
 def session_closed() -> None:
     OPEN_SESSIONS.dec()
+
+
+def warm_episode_prepared(env_cls: type) -> None:
+    WARM_EPISODES.labels(environment_label(env_cls)).inc()
+
+
+def warm_episode_ended(env_cls: type, outcome: str) -> None:
+    WARM_EPISODES.labels(environment_label(env_cls)).dec()
+    WARM_EPISODES_ENDED.labels(environment_label(env_cls), outcome).inc()
 
 
 async def timed_setup(session: Any, setup: Awaitable[None]) -> None:

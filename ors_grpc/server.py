@@ -28,6 +28,7 @@ from .errors import ORSError, abort
 from .inprocess import InProcessChannel
 from .service import EnvironmentService
 from .sessions import SessionTable
+from .warm_pool import DEFAULT_WARM_TTL_S
 
 __all__ = ["API_KEY_METADATA_KEY", "Server", "ServerConfig", "create_server", "in_process_channel"]
 
@@ -57,6 +58,9 @@ class ServerConfig:
     max_sessions: int | None = None
     #: When set, a tool call running longer fails ("tool call timed out").
     tool_timeout_s: float | None = None
+    #: Seconds an episode prepared ahead (PrepareEpisodes) is held unclaimed
+    #: once its setup ended, before it is torn down.
+    warm_ttl_s: float = DEFAULT_WARM_TTL_S
     #: PEM certificate chain and private key files: serve TLS instead of plaintext.
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -221,6 +225,7 @@ async def create_server(
         result_linger_s=config.result_linger_s,
         max_sessions=config.max_sessions,
         tool_timeout_s=config.tool_timeout_s,
+        warm_ttl_s=config.warm_ttl_s,
     )
     service = EnvironmentService(environments, sessions)
     # Metrics first: it also counts the calls the key check rejects.

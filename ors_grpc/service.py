@@ -27,6 +27,8 @@ from .environment import Environment
 from .user_code import run_user_code
 from .errors import ORSError, abort
 from .sessions import SessionTable
+from .tool_calls import call_fingerprint
+from .warm_pool import MAX_PREPARE_PER_REQUEST
 from .types import ListToolsOutput, Split
 
 __all__ = ["EnvironmentService", "environment_map"]
@@ -34,6 +36,7 @@ __all__ = ["EnvironmentService", "environment_map"]
 logger = logging.getLogger("ors_grpc.service")
 
 SESSION_ID_METADATA_KEY = "x-session-id"
+API_KEY_METADATA_KEY = "x-api-key"
 LISTING_UNSUPPORTED_MESSAGE = (
     "list_tasks is not supported for this environment. "
     "Use the index-based API (num_tasks + get_task) instead."
@@ -151,6 +154,15 @@ def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
     return sid
 
 
+def _api_key(context: grpc.aio.ServicerContext) -> str:
+    """The request's `x-api-key` metadata entry ("" without one): a prepared
+    episode is claimed only under the key it was prepared with."""
+    for key, value in context.invocation_metadata() or ():
+        if key == API_KEY_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return ""
+
+
 def _new_session_id() -> str:
     return str(uuid.uuid4())
 
@@ -168,6 +180,18 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
 def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
     """A call's input object ({} when unset)."""
     return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
+
+
+def _keyed_tool_call(session: Any, env: Environment, tool_call: Any, key: str) -> Any:
+    """The call of idempotency key `key`: started under it as its task id, or the one already started."""
+    if tool_call.task_id:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                       "give either call.task_id (attach) or idempotency_key, not both")
+    name, tool_input = tool_call.name, _tool_input(tool_call)
+    return session.calls.run_once(
+        key, call_fingerprint("tool", name, tool_input),
+        lambda task_id: session.calls.start(env, name, tool_input, task_id=task_id),
+    )
 
 
 async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
@@ -279,7 +303,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     @_unary
     async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
         sid = _session_id(request, context)
-        await self._create_episode(sid, request)
+        await self._create_episode(sid, request, api_key=_api_key(context))
         return pb.CreateEpisodeResponse(session_id=sid)
 
     @_unary
@@ -292,10 +316,11 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_streaming
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
-        async for event in self._call_events(_session_id(request, context), request.call):
+        sid = _session_id(request, context)
+        async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
             yield event
 
-    async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest) -> None:
+    async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest, api_key: str = "") -> None:
         self._sessions.check_can_create(sid)
         env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
         source = request.WhichOneof("task_source")
@@ -306,7 +331,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         else:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_spec or both split and index, not both/neither")
-        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets))
+        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key)
 
     async def _prompt(self, sid: str) -> pb.GetPromptResponse:
         session, env = await self._sessions.ready(sid)
@@ -319,10 +344,14 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         tools = ListToolsOutput(tools=env.list_tools().tools + task_tools.tools)
         return pb.ListTaskToolsResponse(tools=_convert.tool_specs_to_proto(tools))
 
-    async def _call_events(self, sid: str, tool_call: Any) -> AsyncIterator[pb.CallToolResponse]:
+    async def _call_events(
+        self, sid: str, tool_call: Any, idempotency_key: str = ""
+    ) -> AsyncIterator[pb.CallToolResponse]:
         """A call's task id, then its result or failure (CallTool's events)."""
         session, env = await self._sessions.ready(sid)
-        if tool_call.task_id:
+        if idempotency_key:
+            call = _keyed_tool_call(session, env, tool_call, idempotency_key)
+        elif tool_call.task_id:
             call = session.calls.attach(tool_call.task_id)
         else:
             call = session.calls.start(env, tool_call.name, _tool_input(tool_call))
@@ -392,7 +421,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                            "the stream's episode is still open: delete it before creating another")
         # Not the metadata's id: that routes the stream, which may carry many episodes.
         sid = request.session_id.strip() or _new_session_id()
-        await self._create_episode(sid, request)
+        await self._create_episode(sid, request, api_key=_api_key(context))
         return sid
 
     async def _episode_step(
@@ -408,3 +437,29 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         if step == "call_tool":
             return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")
+
+    # Warm episodes (an ORS extension) ----------------------------------------
+
+    @_unary
+    async def PrepareEpisodes(
+        self, request: pb.PrepareEpisodesRequest, context: Any
+    ) -> pb.PrepareEpisodesResponse:
+        env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
+        task_specs = await self._tasks_to_prepare(env_cls, request)
+        self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context))
+        return pb.PrepareEpisodesResponse(preparing=len(task_specs), ttl_seconds=self._sessions.warm.ttl_s)
+
+    async def _tasks_to_prepare(
+        self, env_cls: type[Environment], request: pb.PrepareEpisodesRequest
+    ) -> list[dict[str, Any]]:
+        """The task specs of a PrepareEpisodes request: given, or looked up by split and index."""
+        by_index = bool(request.split or request.indices)
+        if bool(request.task_specs) == by_index or (by_index and not (request.split and request.indices)):
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           "Provide either task_specs or both split and indices, not both/neither")
+        if max(len(request.task_specs), len(request.indices)) > MAX_PREPARE_PER_REQUEST:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           f"at most {MAX_PREPARE_PER_REQUEST} episodes per request")
+        if request.task_specs:
+            return [_convert.load_json_object(spec, f"task_specs[{i}]") for i, spec in enumerate(request.task_specs)]
+        return [await self._get_task(env_cls, request.split, index) for index in request.indices]

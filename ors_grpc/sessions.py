@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+import uuid
 from typing import Any, Iterable
 
 from . import metrics
@@ -21,6 +22,7 @@ from .environment import Environment
 from .user_code import run_user_code, runs_in_worker_thread
 from .errors import ORSError
 from .tool_calls import SessionToolCalls
+from .warm_pool import DEFAULT_WARM_TTL_S, WarmPool
 
 __all__ = ["Session", "SessionTable", "redactor"]
 
@@ -108,6 +110,7 @@ class SessionTable:
         result_linger_s: float,
         max_sessions: int | None = None,
         tool_timeout_s: float | None = None,
+        warm_ttl_s: float = DEFAULT_WARM_TTL_S,
     ) -> None:
         self._timeout_s = session_timeout_s
         self._reaper_interval_s = reaper_interval_s
@@ -116,6 +119,8 @@ class SessionTable:
         self._tool_timeout_s = tool_timeout_s
         self._sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
+        #: Episodes prepared ahead (PrepareEpisodes), held outside the table until claimed.
+        self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end)
 
     @property
     def open_count(self) -> int:
@@ -127,25 +132,53 @@ class SessionTable:
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(), name="ors-reaper")
 
     def create(
+        self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
+        api_key: str = "",
+    ) -> Session:
+        """Register an episode and start its construction and setup, or claim
+        a prepared one of the same task, secrets and `api_key` (warm_pool)."""
+        self.check_can_create(sid)
+        session = self.warm.claim(env_cls, task_spec, secrets, api_key)
+        if session is None:
+            self._check_room(1)
+            session = self._start(sid, env_cls, task_spec, secrets)
+        session.sid = sid
+        session.touch()
+        self._sessions[sid] = session
+        metrics.session_opened(env_cls)
+        # DEBUG: a training loop opens hundreds of sessions a second.
+        logger.debug("session_created env=%s", env_cls.name().lower())
+        return session
+
+    def prepare(
+        self, env_cls: type[Environment], task_specs: list[dict[str, Any]], secrets: dict[str, str],
+        api_key: str = "",
+    ) -> None:
+        """Start episodes of `task_specs` ahead, for `create` to claim (all or none: they count as sessions)."""
+        self._check_room(len(task_specs))
+        for task_spec in task_specs:
+            session = self._start(f"warm-{uuid.uuid4()}", env_cls, task_spec, secrets)
+            self.warm.hold(session, task_spec, secrets, api_key)
+
+    def _check_room(self, adding: int) -> None:
+        if self._max_sessions is not None and len(self._sessions) + self.warm.count + adding > self._max_sessions:
+            raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def _start(
         self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str]
     ) -> Session:
-        """Register an episode and start its construction and setup."""
-        self.check_can_create(sid)
+        """A new session whose construction and setup run in the background."""
         redact = redactor(secrets.values())
         sync_lock = asyncio.Lock()
         calls = SessionToolCalls(
             linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact
         )
         session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
-        self._sessions[sid] = session
-        metrics.session_opened(env_cls)
         session.setup_task = asyncio.get_running_loop().create_task(
             metrics.timed_setup(session, self._set_up(session, task_spec, secrets)), name=f"ors-setup-{sid}"
         )
         # A finished setup task is not kept (memory per idle session).
         session.setup_task.add_done_callback(lambda _: setattr(session, "setup_task", None))
-        # DEBUG: a training loop opens hundreds of sessions a second.
-        logger.debug("session_created env=%s", env_cls.name().lower())
         return session
 
     def check_can_create(self, sid: str) -> None:
@@ -179,13 +212,17 @@ class SessionTable:
         if session is None:
             return
         metrics.session_closed()
+        await self.end(session)
+        logger.debug("session_deleted")
+
+    async def end(self, session: Session) -> None:
+        """Stop a session's setup and calls and tear it down (it is out of the table)."""
         session.deleted = True
         session.mark_ready()  # wake waiters: they answer "Session deleted"
         await self._stop_setup(session)
         await session.calls.release()
         if session.env is not None:
             await self._tear_down(session)
-        logger.debug("session_deleted")
 
     async def close(self) -> None:
         """Stop the reaper and end every session."""
@@ -193,7 +230,7 @@ class SessionTable:
             self._reaper.cancel()
             await asyncio.wait({self._reaper})
             self._reaper = None
-        await asyncio.gather(*(self.delete(sid) for sid in list(self._sessions)))
+        await asyncio.gather(self.warm.close(), *(self.delete(sid) for sid in list(self._sessions)))
 
     async def _stop_setup(self, session: Session) -> None:
         """Stop a running setup. Async setup is cancelled; synchronous code in

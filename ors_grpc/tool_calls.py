@@ -12,11 +12,13 @@ are refused, and calls to the same tool run one at a time.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import metrics
 from ._generated.ors.v1 import errors_pb2
@@ -24,7 +26,7 @@ from .environment import Environment
 from .errors import ORSError
 from .types import RunToolError, RunToolOutput
 
-__all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask"]
+__all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask", "call_fingerprint"]
 
 logger = logging.getLogger("ors_grpc.tool_calls")
 
@@ -44,8 +46,18 @@ class CallOutcome:
     failure: str | None = None
 
 
+def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
+    """What an idempotency key is bound to: the kind of call (`tool`, say),
+    its name and its input as canonical JSON (keys sorted), hashed."""
+    text = json.dumps([kind, name, tool_input], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class ToolCallTask:
     """One tool call, running or finished."""
+
+    #: The call's `call_fingerprint` when it was started under an idempotency key.
+    fingerprint: str | None = None
 
     def __init__(self, task_id: str, task: asyncio.Task[CallOutcome]) -> None:
         self.task_id = task_id
@@ -106,6 +118,20 @@ class SessionToolCalls:
         call = ToolCallTask(task_id, task)
         self._calls[task_id] = call
         task.add_done_callback(lambda _: self._on_done(task_id))
+        return call
+
+    def run_once(self, key: str, fingerprint: str, start: Callable[[str], ToolCallTask]) -> ToolCallTask:
+        """The call of idempotency key `key`: the one already started under
+        it (same fingerprint, else IDEMPOTENCY_KEY_REUSED), else a new one,
+        `start(key)`, with `key` as its task id. Shared by every kind of call
+        that takes a key (CallTool; any other call started through `start`)."""
+        call = self._calls.get(key)
+        if call is None:
+            call = start(key)
+            call.fingerprint = fingerprint
+        elif call.fingerprint != fingerprint:
+            raise ORSError(errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED,
+                           "this idempotency key was already used for a call with another tool or input")
         return call
 
     def attach(self, task_id: str) -> ToolCallTask:

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import grpc
 
@@ -140,6 +140,29 @@ class AsyncEnvironment:
         else:
             request.task_index.CopyFrom(pb.TaskIndex(split=split, index=index))
         return AsyncSession(self._connection, self.name, request, **self._session_options)
+
+    async def prepare(
+        self,
+        tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+        secrets: Optional[Mapping[str, str]] = None,
+        *,
+        split: Optional[str] = None,
+        indices: Optional[Sequence[int]] = None,
+    ) -> int:
+        """Has the server set up episodes of `tasks` (Tasks or task specs), or
+        of tasks `indices` of `split`, ahead: a later `session(...)` of the
+        same task with the same secrets claims one and starts without waiting
+        for its setup (warm episodes, an ORS extension; PrepareEpisodes).
+        One episode per entry; returns how many are being prepared."""
+        if (tasks is None) == (split is None or indices is None) or (split is None) != (indices is None):
+            raise ValueError("pass either tasks, or both split and indices")
+        request = pb.PrepareEpisodesRequest(env_name=self.name, secrets=dict(secrets or {}))
+        if tasks is not None:
+            specs = [task.task_spec if isinstance(task, Task) else task for task in tasks]
+            request.task_specs.extend(_convert.json_value(spec) for spec in specs)
+        else:
+            request.split, request.indices[:] = split, list(indices)
+        return (await self._connection.unary("PrepareEpisodes", request)).preparing
 
     def _tasks(self, messages: Any) -> list[Task]:
         return [Task(self.name, _convert.task_spec(m)) for m in messages]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, Mapping, Optional, TypeVar, Union
+from typing import Any, Coroutine, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 
@@ -129,6 +129,17 @@ class Environment:
 
     def list_tools(self, format: Optional[Provider] = None) -> Union[list[ToolSpec], list[dict[str, Any]]]:
         return self._loop.run(self._async.list_tools(format))
+
+    def prepare(
+        self,
+        tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+        secrets: Optional[Mapping[str, str]] = None,
+        *,
+        split: Optional[str] = None,
+        indices: Optional[Sequence[int]] = None,
+    ) -> int:
+        """Warm episodes: see AsyncEnvironment.prepare."""
+        return self._loop.run(self._async.prepare(tasks, secrets, split=split, indices=indices))
 
     def session(
         self,
