@@ -1,0 +1,141 @@
+"""Exactly-once tool calls: an idempotency key (HTTP `Idempotency-Key`, gRPC
+`CallToolRequest.idempotency_key`) becomes the call's task id, so a retried
+request attaches to the first run instead of starting a second.
+
+The probe environment counts each tool's runs per session (`stats`), the
+side effect that must happen once. Connections are cut with raw sockets:
+after the whole request (before reading anything) and after the headers only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import aiohttp
+import grpc
+import pytest
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from tests.bridge_http import read_sse
+from tests.conftest import error_reason
+from tests.reliability_helpers import (
+    eventually,
+    grpc_call_request,
+    grpc_episode,
+    grpc_stats,
+    grpc_stub,
+    http_episode,
+    http_stats,
+    serve_probe,
+)
+from tests.servers import ServeProcess
+
+
+@pytest.fixture(scope="module")
+def serve() -> Iterator[ServeProcess]:
+    with serve_probe() as serve:
+        yield serve
+
+
+async def keyed_call(http: aiohttp.ClientSession, sid: str, key: str, name: str, tool_input: dict) -> tuple[int, object]:
+    """POST /call with an Idempotency-Key: the status and (200) the SSE events or (else) the JSON body."""
+    headers = {"X-Session-ID": sid, "Idempotency-Key": key}
+    async with http.post("/probeenv/call", json={"name": name, "input": tool_input}, headers=headers) as response:
+        if response.status != 200:
+            return response.status, await response.json()
+        return 200, await read_sse(response)
+
+
+async def started(http: aiohttp.ClientSession, sid: str) -> bool:
+    return (await http_stats(http, sid))["runs"] == {"slow": 1}
+
+
+def raw_call_then_cut(http_url: str, sid: str, key: str, body: dict, *, send_body: bool) -> None:
+    """Send a POST /call over a raw socket and close it at once, reading nothing;
+    `send_body=False` cuts it after the headers (the body never arrives)."""
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /probeenv/call HTTP/1.1\r\nHost: {urlsplit(http_url).netloc}\r\n"
+        f"Content-Type: application/json\r\nX-Session-ID: {sid}\r\nIdempotency-Key: {key}\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    address = urlsplit(http_url)
+    with socket.create_connection((address.hostname, address.port)) as raw:
+        raw.sendall(head + payload if send_body else head)
+
+
+@pytest.mark.parametrize("send_body", [True, False], ids=["cut-after-request", "cut-after-headers"])
+async def test_a_call_cut_before_its_task_id_and_retried_with_its_key_runs_once_http(serve, send_body):
+    async with aiohttp.ClientSession(serve.http_url) as http:
+        sid = await http_episode(http, f"cut-{send_body}")
+        slow = {"name": "slow", "input": {"seconds": 0.5}}
+        await asyncio.to_thread(raw_call_then_cut, serve.http_url, sid, "key-1", slow, send_body=send_body)
+        if send_body:  # the bridge got the whole request: the tool runs, though the client never saw its task id
+            await eventually(lambda: started(http, sid), "the cut call to start")
+        status, stream = await keyed_call(http, sid, "key-1", "slow", {"seconds": 0.5})
+        assert status == 200, stream
+        assert stream.data("task_id") == "key-1"
+        assert stream.result()["output"]["blocks"][0]["text"] == "slow run 1"
+        # After the result too: the same answer, no second run.
+        status, again = await keyed_call(http, sid, "key-1", "slow", {"seconds": 0.5})
+        assert (status, again.events) == (200, stream.events)
+        assert (await http_stats(http, sid))["runs"] == {"slow": 1}
+
+
+async def test_a_key_reused_with_another_tool_or_input_is_422_and_keys_are_per_session_http(serve):
+    async with aiohttp.ClientSession(serve.http_url) as http:
+        sid = await http_episode(http, "reuse")
+        status, _ = await keyed_call(http, sid, "key-2", "slow", {"seconds": 0.01})
+        assert status == 200
+        for name, tool_input in (("slow", {"seconds": 0.02}), ("echo_tag", {})):
+            status, body = await keyed_call(http, sid, "key-2", name, tool_input)
+            assert status == 422
+            assert "idempotency key" in body["detail"]
+        # A quoted key (the IETF draft's form) is the same key.
+        status, stream = await keyed_call(http, sid, '"key-2"', "slow", {"seconds": 0.01})
+        assert status == 200 and stream.data("task_id") == "key-2"
+        other = await http_episode(http, "reuse-other")
+        status, stream = await keyed_call(http, other, "key-2", "echo_tag", {})
+        assert status == 200 and stream.result()["output"]["blocks"][0]["text"] == "reuse-other"
+        assert (await http_stats(http, sid))["runs"] == {"slow": 1}
+        assert (await http_stats(http, other))["runs"] == {"echo_tag": 1}
+        status, body = await keyed_call(http, sid, "x" * 129, "slow", {"seconds": 0.01})
+        assert status == 422
+
+
+async def test_a_call_cut_before_its_task_id_and_retried_with_its_key_runs_once_grpc(serve):
+    async with grpc_stub(serve.grpc_target) as stub:
+        sid = await grpc_episode(stub, "cut-grpc")
+        request = grpc_call_request(sid, "slow", {"seconds": 0.5})
+        request.idempotency_key = "key-3"
+        first = stub.CallTool(request)
+        first.cancel()  # before reading anything
+        events = [event async for event in stub.CallTool(request)]
+        assert [event.WhichOneof("event") for event in events] == ["task_id", "result"]
+        assert events[0].task_id == "key-3"
+        assert events[1].result.output.blocks[0].text.text == "slow run 1"
+        again = [event async for event in stub.CallTool(request)]
+        assert again == events
+        assert (await grpc_stats(stub, sid))["runs"] == {"slow": 1}
+
+        reused = grpc_call_request(sid, "slow", {"seconds": 0.1})
+        reused.idempotency_key = "key-3"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in stub.CallTool(reused):
+                pass
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_reason(refused.value) == "ERROR_REASON_IDEMPOTENCY_KEY_REUSED"
+        with_task_id = grpc_call_request(sid, "slow", {"seconds": 0.5}, task_id="key-3")
+        with_task_id.idempotency_key = "key-3"
+        with pytest.raises(grpc.aio.AioRpcError) as both:
+            async for _ in stub.CallTool(with_task_id):
+                pass
+        assert error_reason(both.value) == "ERROR_REASON_INVALID_REQUEST"
+        # The task id of a keyed call attaches as any task id does.
+        attached = [event async for event in stub.CallTool(grpc_call_request(sid, "slow", task_id="key-3"))]
+        assert attached == events
+        assert (await grpc_stats(stub, sid))["runs"] == {"slow": 1}
