@@ -276,6 +276,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scaleout-backends", default="1,2", help="backend counts to compare (1,2)")
     parser.add_argument("--scaleout-step-ms", type=float, default=0.0,
                         help="CPU milliseconds each scale-out step spends in the backend (0)")
+    parser.add_argument("--setup-seconds", type=float, default=None, metavar="S",
+                        help="instead: a trainer's batch loop over episodes whose setup takes S seconds,"
+                             " with and without preparing the next batch (warm episodes; bench/warm.py)")
+    parser.add_argument("--batch", type=int, default=32, help="episodes per batch of --setup-seconds (32)")
+    parser.add_argument("--batches", type=int, default=12, help="batches per loop of --setup-seconds (12)")
     args = parser.parse_args(argv)
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
@@ -288,6 +293,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.setup_seconds is not None:
+        from bench.warm import run
+        return run(args)
     print_header(args)
     if args.scaleout:
         from bench.scaleout import run

@@ -91,9 +91,9 @@ def reference_server(quiet: bool = False) -> ServerProcess:
     return ServerProcess("reference", [sys.executable, "-m", "bench.ref_server"], extra)
 
 
-def ours_server(http: bool) -> ServerProcess:
-    """``ors-grpc serve bench.env:BenchEnv`` with or without the HTTP bridge."""
-    args = ["serve", "bench.env:BenchEnv", "--port", "0"]
+def ours_server(http: bool, environment: str = "bench.env:BenchEnv") -> ServerProcess:
+    """``ors-grpc serve bench.env:BenchEnv`` (or `environment`) with or without the HTTP bridge."""
+    args = ["serve", environment, "--port", "0"]
     if http:
         args += ["--http-port", "0"]
     script = shutil.which("ors-grpc", path=str(pathlib.Path(sys.executable).parent))

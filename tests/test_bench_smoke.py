@@ -26,3 +26,16 @@ def test_bench_runs_every_door_briefly():
         assert any(line.startswith(door + " ") for line in report.splitlines()), (door, report)
     for heading in ("## Closed loop", "episodes/s in each of 2 rounds", "MiB image block", "## Resident memory"):
         assert heading in report, report
+
+
+def test_bench_setup_seconds_mode_runs_both_loops_briefly():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--setup-seconds", "0.05", "--batch", "2", "--batches", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    for row in ("cold ", "prepared "):
+        assert any(line.startswith(row) and len(line.split()) == 6 for line in lines), (row, done.stdout)
+    assert any(line.startswith("batch-loop ratio (cold / prepared, 2 batches): ") for line in lines), done.stdout
+    assert any(line.startswith("per-batch ratio from batch 2 on (median): ") for line in lines), done.stdout
