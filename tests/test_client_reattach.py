@@ -436,3 +436,20 @@ async def _wait_until_reaped(target: str, session, limit_s: float = 20.0) -> Non
     with pytest.raises(ORSServerError) as gone:
         await session.get_prompt()
     assert gone.value.reason == "ERROR_REASON_SESSION_NOT_FOUND"
+
+
+async def test_a_stream_broken_before_the_task_id_is_sent_again_with_its_key_once_the_server_honours_keys(
+    proxy,
+) -> None:
+    breaking, target = proxy
+    async with AsyncORSClient(target, stream_episodes=False) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            # The first call shows the server runs calls under the client's key.
+            assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
+            breaking.cut = Cut(before_first_event=True)
+            output = await session.call_tool("slow_count", {"seconds": 0})
+    first, cut, retried = breaking.call_requests
+    assert first.idempotency_key and first.idempotency_key != cut.idempotency_key
+    assert retried.idempotency_key == cut.idempotency_key and retried.call.task_id == ""
+    assert output.blocks == [TextBlock(text="run 2")]
+    assert CountingEnv.runs == [1, 2]

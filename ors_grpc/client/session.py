@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
 import grpc
@@ -192,8 +192,10 @@ class AsyncSession:
                 if first_break is not None and failure.reason == _UNKNOWN_TASK_ID:
                     raise _never_started(first_break) from None
                 # Before the task id is known we cannot know whether the tool
-                # started, and running it twice is worse than failing.
-                if call.task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
+                # started, and running it twice is worse than failing; unless
+                # the server honours the call's idempotency key.
+                resumable = call.task_id is not None or self._connection.honours_idempotency_keys
+                if not resumable or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
                     raise failure from None
                 first_break = first_break or error
                 logger.info("call of %s broke (%s); reattaching by task id", name, error.code().name)
@@ -202,14 +204,19 @@ class AsyncSession:
         raise AssertionError("unreachable")
 
     async def _stream_call(self, call: "_PendingCall", session_id: str) -> ToolOutput:
-        """One CallTool stream: a new call, or a reattach once `call.task_id` is known."""
+        """One CallTool stream: a new call under its idempotency key (run
+        once, however often sent), or a reattach once `call.task_id` is known."""
         request = pb.CallToolRequest(session_id=session_id, call=_convert.tool_call(call.name, call.input, call.task_id))
+        if call.task_id is None:
+            request.idempotency_key = call.key
         stream = self._connection.call_tool_stream(request, self._route_key)
         try:
             async for event in stream:
                 kind = event.WhichOneof("event")
                 if kind == "task_id":
                     call.task_id = event.task_id
+                    if event.task_id == call.key:
+                        self._connection.honours_idempotency_keys = True
                 elif kind == "result":
                     return _tool_result(call.name, event.result)
                 elif kind == "failure":
@@ -272,6 +279,8 @@ class _PendingCall:
     name: str
     input: dict[str, Any]
     task_id: Optional[str] = None
+    #: Sent as the CallTool's idempotency key until the task id is known.
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
