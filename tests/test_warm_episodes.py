@@ -11,6 +11,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -269,3 +271,14 @@ async def test_http_ttl_max_sessions_and_failed_setup(tmp_path: Path):
             async with http.post("/warmenv/prepare", json={"split": "train"}) as response:
                 assert response.status == 422
                 assert "task_specs" in (await response.json())["detail"]
+
+
+def test_the_prepare_example_of_the_client_docs_runs():
+    """docs/clients.md's `prepare` example (a `py` fence, apart from the numbered Python examples)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "clients.md").read_text()
+    code = next(block for block in doc.split("```py\n")[1:] if "env.prepare(" in block).split("```")[0]
+    with start_serve("--http-port", "0") as serve:
+        done = subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:50051", serve.grpc_target)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["preparing", "2", "1.0"]
