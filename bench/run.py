@@ -280,7 +280,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="instead: a trainer's batch loop over episodes whose setup takes S seconds,"
                              " with and without preparing the next batch (warm episodes; bench/warm.py)")
     parser.add_argument("--batch", type=int, default=32, help="episodes per batch of --setup-seconds (32)")
-    parser.add_argument("--batches", type=int, default=12, help="batches per loop of --setup-seconds (12)")
+    parser.add_argument("--batches", type=int, default=16, help="batches per loop of --setup-seconds (16)")
     args = parser.parse_args(argv)
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
