@@ -240,12 +240,15 @@ async def test_http_prepare_is_claimed_by_create_with_the_same_task_and_secrets(
             # Other secrets (here by the X-Secrets header) do not claim it.
             assert await http_prompt(http, task, **{"X-Secrets": secrets_header({"TOKEN": "two"})}) == (
                 200, "setup 2 of indexed-2")
+            # Another task with the same secrets does not claim it either.
+            other_task = {"env_name": "warmenv", "split": "train", "index": 3, "secrets": {"TOKEN": "one"}}
+            assert await http_prompt(http, other_task) == (200, "setup 3 of indexed-3")
             # The same secrets by header claim it, and the same task spec as the index names.
             same = {"env_name": "warmenv", "task_spec": {"tag": "indexed-2"}}
             assert await http_prompt(http, same, **{"X-Secrets": secrets_header({"TOKEN": "one"})}) == (
                 200, "setup 1 of indexed-2")
             assert [e for e in read_events(tmp_path) if e[0] == "setup"] == [
-                ("setup", "indexed-2", 1), ("setup", "indexed-2", 2)]
+                ("setup", "indexed-2", 1), ("setup", "indexed-2", 2), ("setup", "indexed-3", 3)]
 
 
 async def test_http_ttl_max_sessions_and_failed_setup(tmp_path: Path):
