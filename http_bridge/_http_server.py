@@ -152,12 +152,29 @@ _TOO_MANY_CONNECTIONS = (
 
 
 class _RefuseConnection(asyncio.Protocol):
-    """A connection over the cap: answered 503 at once and closed (its file
-    descriptor is back within a round trip)."""
+    """A connection over the cap: answered 503 at once, then closed when the
+    client has read it and closed its side, or after REFUSED_LINGER_S.
+    (Closing at once, with the client's request unread, would reset the
+    connection before the client reads the answer.)"""
+
+    REFUSED_LINGER_S = 1.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
         transport.write(_TOO_MANY_CONNECTIONS)  # type: ignore[attr-defined]
-        transport.close()
+        if transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
+        self._timer = asyncio.get_running_loop().call_later(self.REFUSED_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is not read
+
+    def eof_received(self) -> bool:
+        self._transport.close()
+        return False
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self._timer.cancel()
 
 
 class _GuardedServer(web.Server):

@@ -139,7 +139,12 @@ class SizeInput(BaseModel):
 
 class SizesEnv(ProbeEnv):
     """Answers as large as asked: a tool result of `size` bytes, and a prompt
-    of the task spec's `prompt_bytes` (for the message limit)."""
+    of the task spec's `prompt_bytes` (for the message limit). Its
+    `list_tasks` raises."""
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[dict]:
+        raise KeyError("this environment's code raises outside a tool")
 
     def get_prompt(self) -> list[TextBlock]:
         return [TextBlock(text="p" * int(self.task_spec.get("prompt_bytes", 1)))]
