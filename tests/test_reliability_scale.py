@@ -132,12 +132,32 @@ async def _closed_loop(episode: Callable[[int], Awaitable[None]]) -> tuple[int, 
     return done, failures
 
 
-async def _held_open(episode_open: Callable[[int, asyncio.Barrier], Awaitable[None]]) -> list[str]:
-    """EPISODES episodes that all wait, open, until every one is open."""
-    barrier = asyncio.Barrier(EPISODES)
-    outcomes = await asyncio.gather(*(episode_open(number, barrier) for number in range(EPISODES)),
+class AllOpen:
+    """Every episode waits, open, until all are open and the server's count
+    of sessions has been read."""
+
+    def __init__(self, stub: pb_grpc.EnvironmentServiceStub) -> None:
+        self._stub = stub
+        self._barrier = asyncio.Barrier(EPISODES)
+        self._counted = asyncio.Event()
+        self.open_at_once: int | None = None
+
+    async def wait(self, number: int) -> None:
+        await self._barrier.wait()
+        if number == 0:
+            self.open_at_once = await open_sessions(self._stub)
+            self._counted.set()
+        await self._counted.wait()
+
+
+async def _held_open(stub: pb_grpc.EnvironmentServiceStub,
+                     episode_open: Callable[[int, AllOpen], Awaitable[None]]) -> tuple[int | None, list[str]]:
+    """EPISODES episodes that all wait, open, until every one is open; the
+    sessions the server held then, and the failures."""
+    all_open = AllOpen(stub)
+    outcomes = await asyncio.gather(*(episode_open(number, all_open) for number in range(EPISODES)),
                                     return_exceptions=True)
-    return [repr(outcome)[:200] for outcome in outcomes if outcome is not None]
+    return all_open.open_at_once, [repr(outcome)[:200] for outcome in outcomes if outcome is not None]
 
 
 def _client(target: str) -> AsyncORSClient:
@@ -154,18 +174,16 @@ async def test_5000_concurrent_episodes_through_grpc_closed_loop_and_held_open()
             assert failures == [] and done >= EPISODES, (done, len(failures), failures[:5])
             assert await open_sessions(stub) == 0
 
-            async def held(number: int, barrier: asyncio.Barrier) -> None:
+            async def held(number: int, all_open: AllOpen) -> None:
                 async with client.environment("probeenv").session({"tag": f"h-{number}"}) as session:
-                    await barrier.wait()  # every episode is open now
-                    if number == 0:
-                        assert await open_sessions(stub) == EPISODES
+                    await all_open.wait(number)
                     assert (await session.call_tool("echo_tag", {})).blocks[0].text == f"h-{number}"
 
             started = time.monotonic()
-            failures = await _held_open(held)
-            _figure("grpc held open", episodes=EPISODES, failures=len(failures),
+            open_at_once, failures = await _held_open(stub, held)
+            _figure("grpc held open", episodes=EPISODES, open_at_once=open_at_once, failures=len(failures),
                     seconds=round(time.monotonic() - started, 1))
-            assert failures == [], (len(failures), failures[:5])
+            assert failures == [] and open_at_once == EPISODES, (open_at_once, len(failures), failures[:5])
             assert await open_sessions(stub) == 0
 
 
@@ -182,12 +200,10 @@ async def test_5000_concurrent_episodes_through_http_closed_loop_and_held_open()
             assert failures == [] and done >= EPISODES, (done, len(failures), failures[:5])
             assert await open_sessions(stub) == 0
 
-            async def held(number: int, barrier: asyncio.Barrier) -> None:
+            async def held(number: int, all_open: AllOpen) -> None:
                 sid = await http_episode(http, f"h-{number}")
                 try:
-                    await barrier.wait()  # every episode is open now
-                    if number == 0:
-                        assert await open_sessions(stub) == EPISODES
+                    await all_open.wait(number)
                     tag = (await http_call(http, sid, "echo_tag")).result()["output"]["blocks"][0]["text"]
                     assert tag == f"h-{number}"
                 finally:
@@ -195,10 +211,10 @@ async def test_5000_concurrent_episodes_through_http_closed_loop_and_held_open()
                         assert response.status == 200, await response.text()
 
             started = time.monotonic()
-            failures = await _held_open(held)
-            _figure("http held open", episodes=EPISODES, failures=len(failures),
+            open_at_once, failures = await _held_open(stub, held)
+            _figure("http held open", episodes=EPISODES, open_at_once=open_at_once, failures=len(failures),
                     seconds=round(time.monotonic() - started, 1))
-            assert failures == [], (len(failures), failures[:5])
+            assert failures == [] and open_at_once == EPISODES, (open_at_once, len(failures), failures[:5])
             assert await open_sessions(stub) == 0
 
 
