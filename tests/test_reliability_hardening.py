@@ -272,10 +272,19 @@ def test_aiohttps_own_client_errors_are_json_with_one_warning_and_no_request_byt
         status, headers, body = _json_answer(raw_exchange(door.http_url, head))
         assert 400 <= status < 500 and body["detail"], (kind, status, body)
         assert SECRET not in json.dumps(body) and SECRET[:10] not in json.dumps(body), (kind, body)
+    # Heads too large or malformed on every route, too.
+    sent = len(heads)
+    for method, template in ROUTES:
+        path = _path(template).encode()
+        for head in (method.encode() + b" " + path + b" HTTP/1.1\r\nHost: x\r\nX-Secrets: " + marker * 8_000 + b"\r\n\r\n",
+                     method.encode() + b" " + path + b" HTTP/1.1\r\nHost: x\r\nX-Secrets " + marker + b"\r\n\r\n"):
+            status, _, body = _json_answer(raw_exchange(door.http_url, head))
+            assert status == 400 and body["detail"] and SECRET[:10] not in body["detail"], (method, path, body)
+            sent += 1
     assert http_request(door.http_url, "GET", "/health")[0] == 200
     logged = _new_log(door, since)
     warnings = [line for line in logged.splitlines() if "level=WARNING" in line]
-    assert len(warnings) <= len(heads), warnings
+    assert len(warnings) <= sent, warnings
     assert "level=ERROR" not in logged and "Traceback" not in logged, logged[-3000:]
     assert SECRET[:10] not in logged
 
