@@ -69,7 +69,8 @@ async def run_user_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     try:
         return await _run_user_code(fn, *args, **kwargs)
     except Exception as exc:
-        exc.ors_environment_code = True  # type: ignore[attr-defined]
+        with contextlib.suppress(AttributeError):  # an exception class with __slots__
+            exc.ors_environment_code = True  # type: ignore[attr-defined]
         raise
 
 
