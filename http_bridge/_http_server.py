@@ -119,9 +119,29 @@ def _parse_error_detail(exc: Optional[BaseException], max_header_bytes: int) -> 
 
 class _ClientErrorAnswering(RequestHandler):
     """aiohttp's connection handler, answering the requests it refuses itself
-    (malformed heads, before any route) as JSON with one WARNING line."""
+    (malformed heads, before any route) as JSON with one WARNING line, and
+    closing a connection whose first request head is not in within the
+    header timeout (aiohttp's keep-alive timer covers the heads after it, and
+    the first one only since aiohttp 3.14)."""
 
     max_header_bytes = MAX_HEADER_BYTES
+    header_timeout_s = HEADER_TIMEOUT_S
+    _first_head_timer: Optional[asyncio.TimerHandle] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._first_head_timer = asyncio.get_running_loop().call_later(
+            self.header_timeout_s, self._close_without_a_request
+        )
+
+    def _close_without_a_request(self) -> None:
+        if getattr(self, "_request_count", 1) == 0:  # no request head parsed yet
+            self.force_close()
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        if self._first_head_timer is not None:
+            self._first_head_timer.cancel()
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -190,6 +210,7 @@ class _GuardedServer(web.Server):
             return _RefuseConnection()
         handler = _ClientErrorAnswering(self, loop=self._loop, **self._kwargs)
         handler.max_header_bytes = self.max_header_bytes
+        handler.header_timeout_s = self._kwargs["keepalive_timeout"]
         return handler
 
 
