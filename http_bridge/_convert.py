@@ -5,6 +5,11 @@ reference server (ors-sdk 0.1.0) accepts, except that unknown extra fields are
 ignored (newer `openreward` clients send some). A bad body raises `BadRequest`
 (HTTP 422) whose detail names the field.
 
+Text becomes protobuf strings, which must be UTF-8: a lone surrogate (JSON
+`"\ud800"`, or undecodable header bytes, which aiohttp keeps as surrogates)
+is refused here with HTTP 400 (`check_text`, `parse_body`; headers and paths
+in the `guard_request` middleware), never left to fail as a 500.
+
 Responses are JSON text in the reference's key order. User JSON (task specs,
 schemas, `detail`, `metadata`) arrives from the backend as JSON text
 (`JsonValue.json`) and is spliced in as is, so integers beyond 2^53, `1.0` vs
@@ -16,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Any, Iterable, Optional
 
 import pydantic
@@ -35,6 +41,7 @@ __all__ = [
     "TaskBody",
     "TaskRangeBody",
     "blocks_json",
+    "check_text",
     "create_episode_request",
     "dumps",
     "idempotency_key",
@@ -133,6 +140,26 @@ class CallBody(Body):
     task_id: Optional[str] = None
 
 
+def check_text(value: str, where: str) -> str:
+    """`value` if it can become a protobuf string (UTF-8 encodable), else
+    BadRequest 400 naming `where` (never showing the text)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{where[:1].upper()}{where[1:]} is not valid UTF-8 text "
+                         "(undecodable bytes or a lone surrogate)", status=400) from None
+    return value
+
+
+#: A JSON escape of a UTF-16 surrogate: only such a body can decode to a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_json_text(raw: bytes, value: Any) -> None:
+    if _SURROGATE_ESCAPE.search(raw):
+        check_text(json.dumps(value, ensure_ascii=False), "the request's JSON")
+
+
 def parse_body(raw: bytes, model: type[Body]) -> Any:
     """Parse and validate a JSON request body, or raise BadRequest."""
     if not raw.strip():
@@ -143,6 +170,7 @@ def parse_body(raw: bytes, model: type[Body]) -> Any:
         raise BadRequest(f"Request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise BadRequest("Request body is not valid JSON: nested too deeply") from None
+    _check_json_text(raw, value)
     if not isinstance(value, dict):
         raise BadRequest(f"Request body must be a JSON object, not {_json_type(value)}")
     try:
@@ -179,9 +207,11 @@ def secrets_from_header(header: Optional[str]) -> dict[str, str]:
     if not header:
         return {}
     try:
-        payload = json.loads(base64.b64decode(header.strip(), validate=True))
+        decoded = base64.b64decode(header.strip(), validate=True)
+        payload = json.loads(decoded)
     except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
         raise BadRequest("X-Secrets header must be base64 of a JSON object") from None
+    _check_json_text(decoded, payload)
     if not isinstance(payload, dict):
         raise BadRequest("X-Secrets header must be base64 of a JSON object")
     secrets = {}

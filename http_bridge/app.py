@@ -24,10 +24,11 @@ from ors_grpc.errors import http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel
+from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
 
-__all__ = ["DEFAULT_MAX_BYTES", "create_app", "start_bridge"]
+__all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
 
 logger = logging.getLogger("http_bridge")
 
@@ -105,6 +106,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return _json({"detail": exc.detail}, exc.status)
     except grpc.aio.AioRpcError as exc:
         return _rpc_error(exc)
+    except UnicodeEncodeError:
+        # Request text protobuf refused (a route's input not checked by
+        # _convert or guard_request): the client's, so 400, and unquoted.
+        return _json({"detail": "Request text is not valid UTF-8 (undecodable bytes or a lone surrogate)"}, 400)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -428,6 +433,7 @@ def create_app(
     tls_root_cert: Optional[str] = None,
     tls_server_name: Optional[str] = None,
     channel: Optional[Any] = None,
+    http_limits: HttpLimits = HttpLimits(),
 ) -> web.Application:
     """The HTTP/SSE bridge in front of the gRPC backend at `backend_target` ("host:port").
 
@@ -436,11 +442,13 @@ def create_app(
     `keepalive_interval_s` while a tool runs. With `tls_root_cert` (a PEM
     path) the backend is reached over TLS. A given `channel` (such as
     `ors_grpc.server.in_process_channel(server)`) is used instead of opening one.
+    `http_limits` are the HTTP port's timeouts and caps (see `_http_server`).
     """
     app = web.Application(
-        middlewares=[record_metrics, errors_as_json, limit_body, default_env_redirect],
+        middlewares=[record_metrics, errors_as_json, limit_body, guard_request, default_env_redirect],
         client_max_size=max_body_bytes,
     )
+    app[LIMITS] = http_limits
     app[CONFIG] = BridgeConfig(
         backend_target=backend_target,
         max_body_bytes=max_body_bytes,
@@ -471,7 +479,8 @@ async def start_bridge(
     """
     # A refused (413) body is drained for at most LINGER_S, not aiohttp's 10 s,
     # so that it cannot hold up a graceful stop.
-    runner = web.AppRunner(create_app(backend_target, **options), access_log=None, lingering_time=LINGER_S)
+    limits = options.get("http_limits", HttpLimits())
+    runner = GuardedRunner(create_app(backend_target, **options), limits, access_log=None, lingering_time=LINGER_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()

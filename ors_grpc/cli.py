@@ -73,12 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
     serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    _add_http_limits(serve)
 
     bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
     bridge.add_argument("--backend", required=True, metavar="HOST:PORT")
     bridge.add_argument("--host", default="127.0.0.1")
     bridge.add_argument("--http-port", type=int, default=8080)
-    bridge.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    bridge.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+                        help="largest gRPC message either way (as serve's --max-message-bytes)")
+    bridge.add_argument("--max-body-bytes", type=int, default=None,
+                        help="largest request body (default: --max-message-bytes)")
     bridge.add_argument("--tls-cert", default=None, help="PEM certificate chain file: serve HTTPS")
     bridge.add_argument("--tls-key", default=None, help="PEM private key file")
     bridge.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
@@ -86,7 +90,26 @@ def _parser() -> argparse.ArgumentParser:
     bridge.add_argument("--backend-tls-server-name", default=None,
                         help="the name to check in the backend's certificate (default: the backend host)")
     bridge.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    _add_http_limits(bridge)
     return parser
+
+
+def _add_http_limits(parser: argparse.ArgumentParser) -> None:
+    """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
+    parser.add_argument("--http-header-timeout", type=float, default=30.0, metavar="S",
+                        help="seconds a connection may take to send a request head (and stay idle between requests)")
+    parser.add_argument("--http-body-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds a request body may take to arrive")
+    parser.add_argument("--http-max-connections", type=int, default=None, metavar="N",
+                        help="open HTTP connections at most (default: 3/4 of the file descriptor limit, "
+                             "at most 10,000); more are answered 503")
+
+
+def _http_limits(args: argparse.Namespace) -> Any:
+    from http_bridge import HttpLimits
+
+    return HttpLimits(header_timeout_s=args.http_header_timeout, body_timeout_s=args.http_body_timeout,
+                      max_connections=args.http_max_connections)
 
 
 def _announce(door: str, host: str, port: int) -> None:
@@ -126,7 +149,7 @@ async def _start_metrics(host: str, metrics_port: int | None) -> Any:
 
 async def serve_until_signal(
     environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
-    metrics_port: int | None = None,
+    metrics_port: int | None = None, http_limits: Any = None,
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
     announcing each door on stdout; then stop gracefully. With TLS both
@@ -141,11 +164,14 @@ async def serve_until_signal(
         if http_port is not None:
             from http_bridge import start_bridge
 
-            # Same process: the bridge calls the service without a socket.
+            # Same process: the bridge calls the service without a socket
+            # (the in-process channel and the service keep the message limit).
+            limits = {} if http_limits is None else {"http_limits": http_limits}
             runner, bound_http_port = await start_bridge(
                 _local_target(host, bound_port), host, http_port,
                 channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
-                ssl_context=_https_context(config.tls_cert, config.tls_key),
+                max_message_bytes=config.max_message_bytes,
+                ssl_context=_https_context(config.tls_cert, config.tls_key), **limits,
             )
             _announce("HTTP", host, bound_http_port)
         metrics_runner = await _start_metrics(host, metrics_port)
@@ -184,14 +210,16 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port)
+    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port,
+                             _http_limits(args))
 
 
 async def _bridge(args: argparse.Namespace) -> None:
     from http_bridge import start_bridge
 
     runner, http_port = await start_bridge(
-        args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes,
+        args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes or args.max_message_bytes,
+        max_message_bytes=args.max_message_bytes, http_limits=_http_limits(args),
         ssl_context=_https_context(args.tls_cert, args.tls_key),
         tls_root_cert=args.backend_tls_root_cert, tls_server_name=args.backend_tls_server_name,
     )

@@ -1,31 +1,45 @@
 """ORS errors: one exception type, one table from reason to gRPC and HTTP.
 
 Every layer raises `ORSError`; the gRPC service turns it into a status with an
-`ors-error-reason` trailing metadata entry, and the HTTP bridge turns that
-status back into an HTTP status and `{"detail": message}`. The message
-reaches clients: never put secrets or tracebacks in it.
+`ors-error-reason` trailing metadata entry and the same error in the standard
+rich error model (`google.rpc.Status` with an `ErrorInfo`, in
+`grpc-status-details-bin`), both built here in `trailing_metadata`; the HTTP
+bridge turns that status back into an HTTP status and `{"detail": message}`.
+The message reaches clients: never put secrets, request bytes or tracebacks
+in it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Mapping as MappingType, NamedTuple, Optional
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from ._generated.ors.v1 import errors_pb2
 
 __all__ = [
+    "ERROR_DOMAIN",
     "ERROR_REASON_METADATA_KEY",
+    "STATUS_DETAILS_METADATA_KEY",
     "GRPC_TO_HTTP",
     "ORSError",
     "REASONS",
     "Reason",
     "abort",
+    "environment_error",
     "http_status_for",
+    "message_too_large",
+    "trailing_metadata",
 ]
 
 #: Trailing metadata key carrying the ErrorReason name of a failed RPC.
 ERROR_REASON_METADATA_KEY = "ors-error-reason"
+#: Trailing metadata key of the standard rich error model (a serialized google.rpc.Status).
+STATUS_DETAILS_METADATA_KEY = "grpc-status-details-bin"
+#: `ErrorInfo.domain` of every ORS error.
+ERROR_DOMAIN = "ors.v1"
 
 Reason = errors_pb2.ErrorReason.ValueType
 
@@ -52,6 +66,12 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_UNAUTHENTICATED: Mapping(grpc.StatusCode.UNAUTHENTICATED, 401),
     # 422 as the IETF Idempotency-Key draft answers a key reused with another payload.
     errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    # The reference answers 500 when the environment's code raises.
+    errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR: Mapping(grpc.StatusCode.INTERNAL, 500),
+    # An answer over the limit: the server's side, not the client's (no 413,
+    # which is about the request), and not worth a retry (no 429).
+    errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 500),
+    errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
 }
 
 #: gRPC code to HTTP status for errors without an ORS reason, as in
@@ -79,10 +99,12 @@ GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
 class ORSError(Exception):
     """A domain error with a closed-set reason. Its message reaches clients."""
 
-    def __init__(self, reason: Reason, message: str) -> None:
+    def __init__(self, reason: Reason, message: str, metadata: Optional[MappingType[str, str]] = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        #: Machine-readable facts for `ErrorInfo.metadata` (never secrets).
+        self.metadata = dict(metadata or {})
 
     @property
     def code(self) -> grpc.StatusCode:
@@ -93,14 +115,45 @@ class ORSError(Exception):
         return errors_pb2.ErrorReason.Name(self.reason)
 
 
-async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
-    """End an RPC with `error`: its code and message, its reason as the
-    `ors-error-reason` trailing metadata entry (and `retry-after` when the
-    server is full). Raises, as `context.abort` does."""
-    metadata = [(ERROR_REASON_METADATA_KEY, error.reason_name)]
+def environment_error(message: str) -> ORSError:
+    """The environment's own code raised (outside a tool): `message` names
+    the exception (secrets already masked)."""
+    return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR, message)
+
+
+def message_too_large(what: str, size_bytes: int, limit_bytes: int) -> ORSError:
+    """An answer (`what`) of `size_bytes` over the message limit."""
+    return ORSError(
+        errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE,
+        f"{what} is {size_bytes} bytes, over the server's message limit of {limit_bytes} bytes",
+        {"size_bytes": str(size_bytes), "limit_bytes": str(limit_bytes)},
+    )
+
+
+def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
+    """The trailing metadata of a failed RPC: the reason as `ors-error-reason`,
+    the whole error as a google.rpc.Status with one ErrorInfo in
+    `grpc-status-details-bin`, and `retry-after` when the server is full."""
+    metadata = dict(error.metadata)
     if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
-        metadata.append(("retry-after", "1"))
-    await context.abort(error.code, error.message, trailing_metadata=tuple(metadata))
+        metadata["retry_after_s"] = "1"
+    info = error_details_pb2.ErrorInfo(reason=error.reason_name, domain=ERROR_DOMAIN, metadata=metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=error.code.value[0], message=error.message, details=[detail])
+    entries: list[tuple[str, str | bytes]] = [
+        (ERROR_REASON_METADATA_KEY, error.reason_name),
+        (STATUS_DETAILS_METADATA_KEY, status.SerializeToString()),
+    ]
+    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
+        entries.append(("retry-after", "1"))
+    return tuple(entries)
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
+    """End an RPC with `error`: its code and message, and its reason in the
+    trailing metadata (see `trailing_metadata`). Raises, as `context.abort` does."""
+    await context.abort(error.code, error.message, trailing_metadata=trailing_metadata(error))
 
 
 def http_status_for(code: grpc.StatusCode, reason_name: str | None) -> int:

@@ -9,8 +9,11 @@ messages to the same method handlers through the same server interceptors
 details, `ors-error-reason` trailing metadata), so the bridge stays a
 translator onto the gRPC contract and cannot tell the difference.
 
-Only the transport is skipped: no message size limits apply, and messages
-are passed by reference (neither side mutates what it has sent).
+Only the transport is skipped: messages are passed by reference (neither
+side mutates what it has sent). The message limit still applies: a request
+over `max_message_bytes` fails with RESOURCE_EXHAUSTED as grpc would fail it,
+and answers over it are refused by the service itself
+(ERROR_REASON_MESSAGE_TOO_LARGE), so both HTTP doors have one limit.
 """
 
 from __future__ import annotations
@@ -171,7 +174,10 @@ class InProcessChannel:
         servicer: Any,
         add_servicer: Callable[[Any, Any], None],
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        *,
+        max_message_bytes: Optional[int] = None,
     ) -> None:
+        self._max_message_bytes = max_message_bytes
         registry = _HandlerRegistry()
         add_servicer(servicer, registry)
         self._handlers = registry.handlers
@@ -184,6 +190,17 @@ class InProcessChannel:
         at all."""
         if grace and self._streams:
             await asyncio.wait(set(self._streams), timeout=grace)
+
+    def _check_size(self, request: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        """RESOURCE_EXHAUSTED for a request over the limit, as grpc answers it."""
+        if self._max_message_bytes is None:
+            return
+        size = request.ByteSize()
+        if size > self._max_message_bytes:
+            raise _Context(metadata).rpc_error(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Sent message larger than max ({size} vs. {self._max_message_bytes})",
+            )
 
     async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
         async def lookup(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
@@ -200,6 +217,7 @@ class InProcessChannel:
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
         async def call(request: Any, *, metadata: Optional[Metadata] = None, **_: Any) -> Any:
             invocation_metadata = tuple(metadata or ())
+            self._check_size(request, invocation_metadata)
             handler = await self._handler(method, invocation_metadata)
             context = _Context(invocation_metadata)
             try:
@@ -219,6 +237,7 @@ class InProcessChannel:
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Callable[..., _StreamCall]:
         def call(request: Any, *, metadata: Optional[Metadata] = None, **_: Any) -> _StreamCall:
             invocation_metadata = tuple(metadata or ())
+            self._check_size(request, invocation_metadata)
 
             async def produce(context: _Context) -> AsyncIterator[Any]:
                 handler = await self._handler(method, invocation_metadata)

@@ -24,8 +24,8 @@ from ._generated.ors.v1 import environment_service_pb2 as pb
 from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
-from .user_code import run_user_code
-from .errors import ORSError, abort
+from .user_code import run_user_code as _run_user_code
+from .errors import ORSError, abort, environment_error, message_too_large
 from .sessions import SessionTable
 from .tool_calls import call_fingerprint
 from .warm_pool import MAX_PREPARE_PER_REQUEST
@@ -65,6 +65,23 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
     return env_map
 
 
+async def run_user_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`user_code.run_user_code`, marking what the environment's code raised
+    (so that it is answered as ERROR_REASON_ENVIRONMENT_ERROR, not as a bug
+    of ours); the exception keeps its type for the callers that catch it."""
+    try:
+        return await _run_user_code(fn, *args, **kwargs)
+    except Exception as exc:
+        with contextlib.suppress(AttributeError):  # an exception class with __slots__
+            exc.ors_environment_code = True  # type: ignore[attr-defined]
+        raise
+
+
+def _raised_by_environment(exc: Exception) -> bool:
+    """Whether the environment's code raised `exc` (else it is a bug of ours)."""
+    return isinstance(exc, SessionCodeError) or getattr(exc, "ors_environment_code", False)
+
+
 def _log_unexpected(method: str, exc: Exception) -> str:
     logger.warning("rpc_error method=%s error_type=%s", method, type(exc).__name__, exc_info=exc)
     if isinstance(exc, SessionCodeError):  # it names the user code's exception type already
@@ -88,9 +105,12 @@ async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
 
 def _step_error(step: str, exc: Exception) -> pb.StepError:
     """What a RunEpisode step answers when it fails: the status its RPC would end with."""
-    if isinstance(exc, ORSError):
-        return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=exc.message)
-    return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=_log_unexpected(step, exc))
+    if not isinstance(exc, ORSError):
+        message = _log_unexpected(step, exc)
+        if not _raised_by_environment(exc):
+            return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=message)
+        exc = environment_error(message)
+    return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=exc.message)
 
 
 @contextlib.asynccontextmanager
@@ -110,8 +130,13 @@ async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIte
         outcome = "CANCELLED"  # the client went away; a running tool goes on
         raise
     except Exception as exc:
-        outcome = "INTERNAL"
-        await context.abort(grpc.StatusCode.INTERNAL, _log_unexpected(method, exc))
+        message = _log_unexpected(method, exc)
+        if not _raised_by_environment(exc):
+            outcome = "INTERNAL"
+            await context.abort(grpc.StatusCode.INTERNAL, message)
+        error = environment_error(message)
+        outcome = error.reason_name
+        await abort(context, error)
     finally:
         logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
                      method, outcome, (time.monotonic() - started) * 1000)
@@ -123,7 +148,7 @@ def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with _answering(handler.__name__, context):
-            return await handler(self, request, context)
+            return self._within_limit(await handler(self, request, context), f"the {handler.__name__} answer")
 
     return wrapped
 
@@ -135,20 +160,15 @@ def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with _answering(handler.__name__, context):
             async for message in handler(self, request, context):
-                yield message
+                yield self._within_limit(message, f"a {handler.__name__} message")
 
     return wrapped
 
 
 def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
-    """The request's session id, else the `x-session-id` metadata entry."""
-    sid = request.session_id
-    if not sid:
-        for key, value in context.invocation_metadata() or ():
-            if key == SESSION_ID_METADATA_KEY:
-                sid = value
-                break
-    sid = sid.strip()
+    """The request's session id, else the `x-session-id` metadata entry.
+    (EnvironmentService._session_id also checks that both agree.)"""
+    sid = request.session_id.strip() or _metadata_session_id(context)
     if not sid:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is required")
     return sid
@@ -160,6 +180,13 @@ def _api_key(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == API_KEY_METADATA_KEY:
             return value if isinstance(value, str) else value.decode(errors="replace")
+    return ""
+
+
+def _metadata_session_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == SESSION_ID_METADATA_KEY:
+            return value.strip()
     return ""
 
 
@@ -206,9 +233,38 @@ async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
 class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     """Serves ORS environments and owns their sessions."""
 
-    def __init__(self, environments: Sequence[type[Environment]], sessions: SessionTable) -> None:
+    def __init__(
+        self, environments: Sequence[type[Environment]], sessions: SessionTable, *,
+        max_message_bytes: int | None = None,
+    ) -> None:
         self._envs = environment_map(environments)
         self._sessions = sessions
+        #: Answers larger than this fail with MESSAGE_TOO_LARGE (None: no check).
+        self._max_message_bytes = max_message_bytes
+
+    def _within_limit(self, message: Any, what: str) -> Any:
+        """`message`, unless it is over the message limit: then ORSError
+        MESSAGE_TOO_LARGE, raised here rather than by grpc (which would end
+        the call with no reason and log a traceback) and the same for the
+        in-process channel, which has no limit of its own."""
+        if self._max_message_bytes is not None:
+            size = message.ByteSize()
+            if size > self._max_message_bytes:
+                raise message_too_large(what, size, self._max_message_bytes)
+        return message
+
+    def _session_id(self, request: Any, context: grpc.aio.ServicerContext) -> str:
+        """The session a request names (see `_session_id`); a different
+        `x-session-id` metadata entry is refused unless it is the route key
+        of the RunEpisode stream that created the episode."""
+        sid = _session_id(request, context)
+        routed = _metadata_session_id(context)
+        if routed and routed != sid:
+            session = self._sessions.find(sid)
+            if session is None or session.route_key != routed:
+                raise ORSError(errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH,
+                               "the request's session_id and its x-session-id metadata name different sessions")
+        return sid
 
     # Discovery -------------------------------------------------------------
 
@@ -302,21 +358,21 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
-        sid = _session_id(request, context)
+        sid = self._session_id(request, context)
         await self._create_episode(sid, request, api_key=_api_key(context))
         return pb.CreateEpisodeResponse(session_id=sid)
 
     @_unary
     async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
-        return await self._prompt(_session_id(request, context))
+        return await self._prompt(self._session_id(request, context))
 
     @_unary
     async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
-        return await self._task_tools(_session_id(request, context))
+        return await self._task_tools(self._session_id(request, context))
 
     @_streaming
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
-        sid = _session_id(request, context)
+        sid = self._session_id(request, context)
         async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
             yield event
 
@@ -367,12 +423,12 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
-        self._sessions.get(_session_id(request, context))
+        self._sessions.get(self._session_id(request, context))
         return pb.PingResponse(status="ok")
 
     @_unary
     async def DeleteEpisode(self, request: pb.DeleteEpisodeRequest, context: Any) -> pb.DeleteEpisodeResponse:
-        sid = _session_id(request, context)
+        sid = self._session_id(request, context)
         await self._sessions.delete(sid)
         return pb.DeleteEpisodeResponse(session_id=sid)
 
@@ -380,7 +436,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def DeleteSessionId(
         self, request: pb.DeleteSessionIdRequest, context: Any
     ) -> pb.DeleteSessionIdResponse:
-        sid = _session_id(request, context)
+        sid = self._session_id(request, context)
         await self._sessions.delete(sid)
         return pb.DeleteSessionIdResponse(session_id=sid)
 
@@ -409,6 +465,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                     answer = pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=deleted))
                 else:
                     answer = await self._episode_step(step, request, sid)
+                answer = self._within_limit(answer, f"the answer to the {step} step")
             except Exception as exc:
                 answer = pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
             yield answer
@@ -422,6 +479,10 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         # Not the metadata's id: that routes the stream, which may carry many episodes.
         sid = request.session_id.strip() or _new_session_id()
         await self._create_episode(sid, request, api_key=_api_key(context))
+        route_key = _metadata_session_id(context)
+        if route_key and route_key != sid:
+            # The episode's per-step RPCs may be routed by the stream's key.
+            self._sessions.get(sid).route_key = route_key
         return sid
 
     async def _episode_step(

@@ -86,6 +86,10 @@ class Session:
         self.setup_in_thread = False
         self.setup_abandoned = False
         self.last_active = time.monotonic()
+        #: The `x-session-id` of the RunEpisode stream that created the
+        #: episode, when it is not the episode's own id (a reused stream):
+        #: the key its per-step RPCs are routed by.
+        self.route_key: str | None = None
 
     def mark_ready(self) -> None:
         """Wake every waiter for setup; later waits return at once."""
@@ -186,6 +190,10 @@ class SessionTable:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
         if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
             raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def find(self, sid: str) -> Session | None:
+        """The session of `sid` if there is one (not marked active)."""
+        return self._sessions.get(sid)
 
     def get(self, sid: str) -> Session:
         """The session of `sid`, marked active."""

@@ -131,3 +131,25 @@ class LeakyPromptEnv(ProbeEnv):
 
     async def list_task_tools(self):
         raise KeyError(f"no tools for token {self.secrets.get(SECRET_NAME)}")
+
+
+class SizeInput(BaseModel):
+    size: int
+
+
+class SizesEnv(ProbeEnv):
+    """Answers as large as asked: a tool result of `size` bytes, and a prompt
+    of the task spec's `prompt_bytes` (for the message limit). Its
+    `list_tasks` raises."""
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[dict]:
+        raise KeyError("this environment's code raises outside a tool")
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="p" * int(self.task_spec.get("prompt_bytes", 1)))]
+
+    @tool
+    def blob(self, params: SizeInput) -> ToolOutput:
+        """A text block of `size` bytes."""
+        return ToolOutput(blocks=[TextBlock(text="x" * params.size)])

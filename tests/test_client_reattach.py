@@ -453,3 +453,22 @@ async def test_a_stream_broken_before_the_task_id_is_sent_again_with_its_key_onc
     assert retried.idempotency_key == cut.idempotency_key and retried.call.task_id == ""
     assert output.blocks == [TextBlock(text="run 2")]
     assert CountingEnv.runs == [1, 2]
+async def test_a_new_stream_that_broke_before_creating_is_retried_on_another_and_gives_up_in_the_end(proxy) -> None:
+    breaking, target = proxy
+    async with AsyncORSClient(target) as client:
+        env = client.environment("countingenv")
+        breaking.break_creates = 2  # as a server shedding a burst of new streams would
+        async with env.session(split="train", index=0) as session:
+            assert (await session.call_tool("slow_count", {"seconds": 0})).blocks == [TextBlock(text="run 1")]
+        assert (await client.health()).open_sessions == 0
+        methods = [method for method, _ in breaking.session_metadata if method != "Health"]
+        # Each broken create may have gone through: deleted by RPC before the next stream.
+        assert methods[:7] == ["RunEpisode", "DeleteEpisode", "DeleteSessionId"] * 2 + ["RunEpisode"]
+
+        breaking.break_creates = 100
+        with pytest.raises(ORSServerError) as refused:
+            async with env.session(split="train", index=0):
+                pass
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert breaking.break_creates == 100 - 5  # the first try and 4 more
+        assert (await client.health()).open_sessions == 0

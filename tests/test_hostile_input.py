@@ -97,8 +97,10 @@ ROUTES = sorted(
      if route.method != "HEAD"}
 )
 JSON_KEYS = ["split", "index", "start", "stop", "name", "input", "task_id", "task_spec", "env_name", "secrets"]
+#: Any code point, lone surrogates included (JSON `"\ud800"`, which protobuf cannot hold).
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=20)
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
@@ -118,10 +120,12 @@ BODIES = st.one_of(
     st.just(b'{"index": ' + b"9" * 5000 + b"}"),
 )
 HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+#: Header values as bytes, UTF-8 or not (aiohttp keeps undecodable bytes as surrogates).
+HEADER_BYTES = st.binary(max_size=40).filter(lambda value: not any(c in value for c in b"\r\n\x00"))
 ENV_SEGMENTS = st.one_of(st.sampled_from(["probeenv", "PROBEENV", "nosuchenv"]), st.text(max_size=20))
 
 
-def http_request(live: Live, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict]:
+def http_request(live: Live, method: str, path: str, body: bytes, headers: dict[str, str | bytes]) -> tuple[int, bytes, dict]:
     host, port = live.serve.http_url.removeprefix("http://").rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
@@ -145,12 +149,13 @@ def _assert_client_error_with_detail(status: int, body: bytes, headers: dict, wh
     route=st.sampled_from(ROUTES),
     env=ENV_SEGMENTS,
     body=BODIES,
-    session=st.one_of(st.none(), st.just("live"), HEADER_TEXT),
-    secrets_header=st.one_of(st.none(), HEADER_TEXT),
+    session=st.one_of(st.none(), st.just("live"), HEADER_TEXT, HEADER_BYTES),
+    secrets_header=st.one_of(st.none(), HEADER_TEXT, HEADER_BYTES),
 )
 @HYPOTHESIS
 def test_every_http_route_answers_hostile_input_with_a_4xx_and_a_detail(
-    live: Live, route: tuple[str, str], env: str, body: bytes, session: str | None, secrets_header: str | None
+    live: Live, route: tuple[str, str], env: str, body: bytes, session: str | bytes | None,
+    secrets_header: str | bytes | None,
 ) -> None:
     method, template = route
     path = template.replace("{env}", urllib.parse.quote(env, safe="") or "probeenv")

@@ -39,8 +39,23 @@ _CLEANUP_TIMEOUT_S = 10.0
 _STREAM_BROKEN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL}
 #: A reattach found no call with the task id: the call never reached the server.
 _UNKNOWN_TASK_ID = "ERROR_REASON_UNKNOWN_TASK_ID"
+#: Creating an episode on a RunEpisode stream that broke or was refused
+#: before answering (a server shedding a burst of new calls) is tried this
+#: many more times, each on a new stream after a short pause. Safe: the
+#: maybe-created episode is deleted first, and the next try has a new id.
+_CREATE_RETRIES = 4
+_CREATE_RETRY_DELAY_S = 0.05
 #: The session is gone server-side: pinging it again is pointless.
 _SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
+
+
+def _broke_or_refused(error: grpc.aio.AioRpcError) -> bool:
+    """The stream broke, or the server refused the call without an ORS reason
+    (grpc's own RESOURCE_EXHAUSTED), so another stream may well succeed."""
+    if error.code() in _STREAM_BROKEN:
+        return True
+    return (error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and ORSServerError.from_rpc_error(error).reason == "ERROR_REASON_UNSPECIFIED")
 
 
 class AsyncSession:
@@ -96,6 +111,7 @@ class AsyncSession:
         # cut short can still be deleted.
         self.session_id = self._create_request.session_id = str(uuid.uuid4())
         pool = self._connection.episode_streams
+        retries = 0
         while True:
             stream = pool.take(self.session_id)
             self._route_key = stream.route_key
@@ -107,11 +123,15 @@ class AsyncSession:
                     self.session_id = self._route_key = None
                     return False
                 await asyncio.shield(self._release())  # the server may have created it
-                if not (stream.reused and error.code() in _STREAM_BROKEN):
+                if not _broke_or_refused(error) or retries == _CREATE_RETRIES:
                     raise ORSServerError.from_rpc_error(error) from None
-                # An idle stream the server had ended (it restarted, say): the
-                # others likely are too. Once more, on a new stream.
-                pool.discard_idle()
+                if stream.reused:
+                    # An idle stream the server had ended (it restarted, say):
+                    # the others likely are too.
+                    pool.discard_idle()
+                else:
+                    await asyncio.sleep(_CREATE_RETRY_DELAY_S * 2**retries)
+                retries += 1
                 self.session_id = self._create_request.session_id = str(uuid.uuid4())
             except BaseException:  # cancelled: the server may have created it already
                 await asyncio.shield(self._release())

@@ -32,9 +32,14 @@ class ErrorReason(betterproto.Enum):
 
      The service sends the reason's name (for example `ERROR_REASON_SESSION_DELETED`) as the
      trailing metadata entry `ors-error-reason` with every error status it
-     returns on purpose. Clients may branch on it; the HTTP bridge uses it to
-     pick the ORS HTTP status (a gRPC code alone cannot tell 404 from 410).
-     The status message is human-readable and reaches end users.
+     returns on purpose, and the same error in the standard rich error model:
+     a `google.rpc.Status` (code, message, and one `google.rpc.ErrorInfo` with
+     `reason` the reason's name, `domain` "ors.v1", and `metadata` such as
+     `retry_after_s` or `limit_bytes`) serialized in the `grpc-status-details-bin`
+     trailer, which generic gRPC tooling reads. Clients may branch on it; the
+     HTTP bridge uses it to pick the ORS HTTP status (a gRPC code alone cannot
+     tell 404 from 410). The status message is human-readable and reaches end
+     users.
     """
 
     UNSPECIFIED = 0
@@ -101,6 +106,32 @@ class ErrorReason(betterproto.Enum):
     The idempotency key (CallToolRequest `idempotency_key`, HTTP
      `Idempotency-Key`) already names a call of this session with another
      tool or input. INVALID_ARGUMENT.
+    """
+
+    ENVIRONMENT_ERROR = 20
+    """
+    The environment's own code raised outside a tool (for example
+     `get_prompt`, `list_task_tools`, `num_tasks` or `get_task`), or returned
+     something that cannot be sent; the message names the exception type and
+     its (secret-masked) message. INTERNAL (HTTP 500). A tool that raises is
+     not this: its call ends with a `failure` event.
+    """
+
+    MESSAGE_TOO_LARGE = 21
+    """
+    The answer is larger than the server's message limit
+     (`--max-message-bytes`, 32 MiB by default); ErrorInfo metadata
+     `size_bytes` and `limit_bytes` say by how much. RESOURCE_EXHAUSTED
+     (HTTP 500: not the client's fault, and retrying does not help). A
+     request over the limit is refused by gRPC itself, with
+     RESOURCE_EXHAUSTED and no reason (HTTP 413 on the bridge).
+    """
+
+    SESSION_ID_MISMATCH = 22
+    """
+    The request's `session_id` field and its `x-session-id` metadata name
+     different sessions (a load balancer routing by the metadata would have
+     sent the call to another session's backend). INVALID_ARGUMENT (HTTP 400).
     """
 
 
@@ -677,6 +708,12 @@ class RunEpisodeRequest(betterproto.Message):
     delete: "DeleteEpisodeRequest" = betterproto.message_field(5, group="step")
     """
     Ends the episode, as DeleteEpisode (which also releases the session id).
+     The name is a C++ keyword: C++ code generated from this file calls it
+     `delete_()` (`mutable_delete_()`, `has_delete_()`); other languages
+     keep `delete` (Python `request.delete`). Kept for compatibility.
+     Numbers: `delete` is 5 here but 6 in RunEpisodeResponse, where 5 is
+     `error`; match steps to answers by field name, never by number.
+     Steps added later use the same number in both oneofs.
     """
 
 
@@ -723,11 +760,16 @@ class RunEpisodeResponse(betterproto.Message):
     """
 
     delete: "DeleteEpisodeResponse" = betterproto.message_field(6, group="step")
-    """The episode was deleted."""
+    """
+    The episode was deleted. Number 6, not the request's 5 (see
+     RunEpisodeRequest.delete); C++ calls it `delete_()`.
+    """
 
     error: "StepError" = betterproto.message_field(5, group="step")
     """
-    The step failed, as the matching RPC would have with an error status.
+    The step failed, as the matching RPC would have with an error status
+     (including an answer over the message limit:
+     ERROR_REASON_MESSAGE_TOO_LARGE; the stream goes on).
     """
 
 

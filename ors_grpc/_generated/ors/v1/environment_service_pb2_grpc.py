@@ -33,12 +33,28 @@ class EnvironmentServiceStub:
     Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
     request; clients also send it as the metadata entry `x-session-id`, so that
     a load balancer can route all of a session's calls to the backend that
-    holds it. When the request field is empty the metadata entry is used.
+    holds it. When the request field is empty the metadata entry is used; when
+    both are set they must name the same session, or the episode's RunEpisode
+    stream key (see RunEpisode), else the call fails with INVALID_ARGUMENT
+    (ERROR_REASON_SESSION_ID_MISMATCH).
 
     When the server is configured with an API key, every RPC requires the
-    metadata entry `x-api-key` (UNAUTHENTICATED otherwise); the standard
-    `grpc.health.v1.Health` service does not. Failed RPCs carry an
-    `ors-error-reason` trailing metadata entry (see ErrorReason).
+    metadata entry `x-api-key` (UNAUTHENTICATED otherwise), except health
+    checks: this service's Health RPC and the standard `grpc.health.v1.Health`
+    service answer without it. Failed RPCs carry an `ors-error-reason`
+    trailing metadata entry and a `grpc-status-details-bin` rich error (see
+    ErrorReason).
+
+    Message sizes: the server receives and sends messages up to its limit
+    (`--max-message-bytes`, 32 MiB by default). gRPC clients receive at most
+    4 MiB by default, while tool results (images, long outputs) and task lists
+    may be larger: set the channel's maximum receive size to the server's limit
+    (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
+    `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
+    Node `grpc.max_receive_message_length`). A request over the server's limit
+    fails with RESOURCE_EXHAUSTED; an answer over it fails with
+    RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
+    after its `task_id` event).
     """
 
     def __init__(self, channel):
@@ -151,16 +167,32 @@ class EnvironmentServiceServicer:
     Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
     request; clients also send it as the metadata entry `x-session-id`, so that
     a load balancer can route all of a session's calls to the backend that
-    holds it. When the request field is empty the metadata entry is used.
+    holds it. When the request field is empty the metadata entry is used; when
+    both are set they must name the same session, or the episode's RunEpisode
+    stream key (see RunEpisode), else the call fails with INVALID_ARGUMENT
+    (ERROR_REASON_SESSION_ID_MISMATCH).
 
     When the server is configured with an API key, every RPC requires the
-    metadata entry `x-api-key` (UNAUTHENTICATED otherwise); the standard
-    `grpc.health.v1.Health` service does not. Failed RPCs carry an
-    `ors-error-reason` trailing metadata entry (see ErrorReason).
+    metadata entry `x-api-key` (UNAUTHENTICATED otherwise), except health
+    checks: this service's Health RPC and the standard `grpc.health.v1.Health`
+    service answer without it. Failed RPCs carry an `ors-error-reason`
+    trailing metadata entry and a `grpc-status-details-bin` rich error (see
+    ErrorReason).
+
+    Message sizes: the server receives and sends messages up to its limit
+    (`--max-message-bytes`, 32 MiB by default). gRPC clients receive at most
+    4 MiB by default, while tool results (images, long outputs) and task lists
+    may be larger: set the channel's maximum receive size to the server's limit
+    (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
+    `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
+    Node `grpc.max_receive_message_length`). A request over the server's limit
+    fails with RESOURCE_EXHAUSTED; an answer over it fails with
+    RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
+    after its `task_id` event).
     """
 
     def Health(self, request, context):
-        """Reports that the server is up.
+        """Reports that the server is up. Needs no `x-api-key`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -448,12 +480,28 @@ class EnvironmentService:
     Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
     request; clients also send it as the metadata entry `x-session-id`, so that
     a load balancer can route all of a session's calls to the backend that
-    holds it. When the request field is empty the metadata entry is used.
+    holds it. When the request field is empty the metadata entry is used; when
+    both are set they must name the same session, or the episode's RunEpisode
+    stream key (see RunEpisode), else the call fails with INVALID_ARGUMENT
+    (ERROR_REASON_SESSION_ID_MISMATCH).
 
     When the server is configured with an API key, every RPC requires the
-    metadata entry `x-api-key` (UNAUTHENTICATED otherwise); the standard
-    `grpc.health.v1.Health` service does not. Failed RPCs carry an
-    `ors-error-reason` trailing metadata entry (see ErrorReason).
+    metadata entry `x-api-key` (UNAUTHENTICATED otherwise), except health
+    checks: this service's Health RPC and the standard `grpc.health.v1.Health`
+    service answer without it. Failed RPCs carry an `ors-error-reason`
+    trailing metadata entry and a `grpc-status-details-bin` rich error (see
+    ErrorReason).
+
+    Message sizes: the server receives and sends messages up to its limit
+    (`--max-message-bytes`, 32 MiB by default). gRPC clients receive at most
+    4 MiB by default, while tool results (images, long outputs) and task lists
+    may be larger: set the channel's maximum receive size to the server's limit
+    (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
+    `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
+    Node `grpc.max_receive_message_length`). A request over the server's limit
+    fails with RESOURCE_EXHAUSTED; an answer over it fails with
+    RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
+    after its `task_id` event).
     """
 
     @staticmethod

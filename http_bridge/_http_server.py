@@ -1,0 +1,238 @@
+"""The HTTP port's own policies, below the routes: limits, timeouts, client errors, logging.
+
+- Request heads: header lines up to `max_header_bytes` (an `X-Secrets` of
+  several keys or a service-account JSON is tens of kilobytes); the head must
+  arrive within `header_timeout_s` of the connection opening or of the
+  previous answer (aiohttp's keep-alive timer, which also closes idle
+  connections then).
+- Request bodies must arrive within `body_timeout_s` (`guard_request`).
+- At most `max_connections` connections; one more is answered 503 and closed.
+- Every client error, aiohttp's own parser errors included, is JSON
+  `{"detail": ...}` with at most one WARNING line, no traceback.
+- Logging policy: no request bytes reach a log line or an error text. Parser
+  errors are described by their kind only (aiohttp's message quotes the
+  offending bytes, which may be a secret); text that cannot become protobuf
+  is named by where it was (header, path), never shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional
+
+from aiohttp import http_exceptions, web
+from aiohttp.web_protocol import RequestHandler
+
+from . import _convert as convert
+
+__all__ = ["HttpLimits", "GuardedRunner", "guard_request", "default_max_connections"]
+
+logger = logging.getLogger("http_bridge")
+
+#: Largest request line or header line: `X-Secrets` is base64 JSON, so 64 KiB
+#: of secrets take about 86 KiB.
+MAX_HEADER_BYTES = 128 * 1024
+HEADER_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = 60.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def default_max_connections() -> int:
+    """Three quarters of the process's file descriptors (the rest are for the
+    gRPC side, files and user code), and at most 10,000."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 10_000
+    return max(16, min(10_000, soft * 3 // 4))
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Limits of the HTTP port."""
+
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    #: None: `default_max_connections()`.
+    max_connections: Optional[int] = None
+    max_header_bytes: int = MAX_HEADER_BYTES
+
+
+LIMITS = web.AppKey("http_limits", HttpLimits)
+
+
+# --------------------------------------------------------------------------
+# Every request, before its route: text that can become protobuf, a body in time
+# --------------------------------------------------------------------------
+
+
+@web.middleware
+async def guard_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """400 for a path or header that is not UTF-8 text (aiohttp keeps
+    undecodable bytes as lone surrogates, which protobuf refuses); 408 for a
+    body that does not arrive within the body timeout. Runs before every
+    route, so a new route is covered without a change of its own."""
+    convert.check_text(request.path, "the URL path")
+    for name, value in request.headers.items():
+        convert.check_text(value, f"the {name} header")
+    if request.body_exists:
+        try:
+            async with asyncio.timeout(request.app[LIMITS].body_timeout_s):
+                await request.read()  # kept by aiohttp: the route's read() gets it
+        except TimeoutError:
+            logger.warning("http_client_error status=408 error=body_timeout")
+            response = web.Response(
+                status=408, text=convert.dumps({"detail": "Request body not received in time"}),
+                content_type="application/json",
+            )
+            response.force_close()
+            return response
+    return await handler(request)
+
+
+# --------------------------------------------------------------------------
+# The server: connection cap, and aiohttp's own errors as JSON
+# --------------------------------------------------------------------------
+
+
+def _parse_error_detail(exc: Optional[BaseException], max_header_bytes: int) -> str:
+    """What a malformed request head was, by kind only: aiohttp's message
+    quotes the request's bytes."""
+    if isinstance(exc, http_exceptions.LineTooLong):
+        return f"Request line or header too long (limit {max_header_bytes} bytes)"
+    if isinstance(exc, http_exceptions.BadHttpMethod):
+        return "Bad HTTP method"
+    if isinstance(exc, http_exceptions.BadStatusLine):
+        return "Bad HTTP request line"
+    if isinstance(exc, http_exceptions.InvalidHeader):
+        return "Invalid HTTP header"
+    if isinstance(exc, http_exceptions.InvalidURLError):
+        return "Invalid URL"
+    if isinstance(exc, http_exceptions.PayloadEncodingError):
+        return "Bad request body encoding"
+    return "Bad HTTP request"
+
+
+class _ClientErrorAnswering(RequestHandler):
+    """aiohttp's connection handler, answering the requests it refuses itself
+    (malformed heads, before any route) as JSON with one WARNING line, and
+    closing a connection whose first request head is not in within the
+    header timeout (aiohttp's keep-alive timer covers the heads after it, and
+    the first one only since aiohttp 3.14)."""
+
+    max_header_bytes = MAX_HEADER_BYTES
+    header_timeout_s = HEADER_TIMEOUT_S
+    _first_head_timer: Optional[asyncio.TimerHandle] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._first_head_timer = asyncio.get_running_loop().call_later(
+            self.header_timeout_s, self._close_without_a_request
+        )
+
+    def _close_without_a_request(self) -> None:
+        if getattr(self, "_request_count", 1) == 0:  # no request head parsed yet
+            self.force_close()
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        if self._first_head_timer is not None:
+            self._first_head_timer.cancel()
+        super().connection_lost(exc)
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: Optional[BaseException] = None,
+        message: Optional[str] = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        logger.warning("http_client_error status=%d error=%s", status, type(exc).__name__ if exc else "none")
+        if request.writer.output_size > 0:
+            raise ConnectionError("Response is sent already, cannot send another response with the error message")
+        detail = _parse_error_detail(exc, self.max_header_bytes)
+        response = web.Response(
+            status=status, text=json.dumps({"detail": detail}), content_type="application/json"
+        )
+        response.force_close()
+        return response
+
+
+_TOO_MANY_CONNECTIONS_BODY = b'{"detail":"Too many connections, retry shortly"}'
+_TOO_MANY_CONNECTIONS = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: " + str(len(_TOO_MANY_CONNECTIONS_BODY)).encode() + b"\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n\r\n" + _TOO_MANY_CONNECTIONS_BODY
+)
+
+
+class _RefuseConnection(asyncio.Protocol):
+    """A connection over the cap: answered 503 at once, then closed when the
+    client has read it and closed its side, or after REFUSED_LINGER_S.
+    (Closing at once, with the client's request unread, would reset the
+    connection before the client reads the answer.)"""
+
+    REFUSED_LINGER_S = 1.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        transport.write(_TOO_MANY_CONNECTIONS)  # type: ignore[attr-defined]
+        if transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
+        self._timer = asyncio.get_running_loop().call_later(self.REFUSED_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is not read
+
+    def eof_received(self) -> bool:
+        self._transport.close()
+        return False
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self._timer.cancel()
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's Server making `_ClientErrorAnswering` handlers, at most
+    `max_connections` at a time."""
+
+    max_connections = 10_000
+    max_header_bytes = MAX_HEADER_BYTES
+
+    def __call__(self) -> Any:  # a protocol factory
+        if len(self._connections) >= self.max_connections:
+            logger.debug("http_connection_refused open=%d", len(self._connections))
+            return _RefuseConnection()
+        handler = _ClientErrorAnswering(self, loop=self._loop, **self._kwargs)
+        handler.max_header_bytes = self.max_header_bytes
+        handler.header_timeout_s = self._kwargs["keepalive_timeout"]
+        return handler
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose server applies `limits` (see the module's doc)."""
+
+    def __init__(self, app: web.Application, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(
+            app,
+            # aiohttp closes a connection whose handler waits for a request
+            # head this long after it opened or answered: the header timeout.
+            keepalive_timeout=limits.header_timeout_s,
+            max_line_size=limits.max_header_bytes,
+            max_field_size=limits.max_header_bytes,
+            **kwargs,
+        )
+        self._limits = limits
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp has no hook for the handler class: make this Server ours.
+        server.__class__ = _GuardedServer
+        server.max_connections = self._limits.max_connections or default_max_connections()  # type: ignore[attr-defined]
+        server.max_header_bytes = self._limits.max_header_bytes  # type: ignore[attr-defined]
+        return server
