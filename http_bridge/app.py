@@ -23,6 +23,7 @@ from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentS
 from ors_grpc.errors import http_status_for
 
 from . import _convert as convert
+from . import _openapi
 from ._backend import EnvNames, call_metadata, error_reason, open_channel
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
@@ -44,7 +45,8 @@ _UNKNOWN_TASK_ID = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNKNOWN_T
 
 #: First path segments that are routes of their own, not environment names.
 ROOT_SEGMENTS = frozenset(
-    {"health", "version", "list_environments", "ping", "create", "delete", "create_session", "delete_session"}
+    {"health", "version", "list_environments", "ping", "create", "delete", "create_session", "delete_session",
+     "openapi.json", "docs"}
 )
 
 
@@ -436,6 +438,7 @@ def create_app(
     )
     app.cleanup_ctx.append(_backend_channel)
     app.add_routes(_routes())
+    app.add_routes(_openapi.routes())  # /openapi.json, /docs
     return app
 
 
