@@ -24,6 +24,7 @@ from ors_grpc.errors import http_status_for
 
 from . import _convert as convert
 from . import _openapi
+from . import _tracing
 from ._backend import EnvNames, call_metadata, error_reason, open_channel
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
@@ -397,7 +398,7 @@ async def _backend_channel(app: web.Application) -> Any:
         tls_root_cert=config.tls_root_cert,
         tls_server_name=config.tls_server_name,
     )
-    app[STUB] = EnvironmentServiceStub(channel)
+    app[STUB] = EnvironmentServiceStub(_tracing.propagating(channel))
     app[ENV_NAMES] = EnvNames(app[STUB], config.env_cache_ttl_s)
     yield
     await channel.close()
@@ -423,7 +424,7 @@ def create_app(
     `ors_grpc.server.in_process_channel(server)`) is used instead of opening one.
     """
     app = web.Application(
-        middlewares=[record_metrics, errors_as_json, limit_body, default_env_redirect],
+        middlewares=[*_tracing.middlewares(), record_metrics, errors_as_json, limit_body, default_env_redirect],
         client_max_size=max_body_bytes,
     )
     app[CONFIG] = BridgeConfig(

@@ -24,6 +24,7 @@ from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
 from . import metrics
+from . import tracing
 from .errors import ORSError, abort
 from .inprocess import InProcessChannel
 from .service import EnvironmentService
@@ -223,8 +224,9 @@ async def create_server(
         tool_timeout_s=config.tool_timeout_s,
     )
     service = EnvironmentService(environments, sessions)
-    # Metrics first: it also counts the calls the key check rejects.
-    interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
+    # Metrics first: it also counts the calls the key check rejects (tracing,
+    # when on, before it: its span covers the whole call).
+    interceptors: list[grpc.aio.ServerInterceptor] = [*tracing.server_interceptors(), metrics.RpcMetricsInterceptor()]
     if config.api_key:
         interceptors.append(_ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(

@@ -1,0 +1,96 @@
+"""Tracing of the bridge (see `ors_grpc.tracing`): one SERVER span per HTTP request, continuing
+the client's W3C `traceparent`, and that context sent on to the backend in the gRPC metadata.
+
+Both are installed only while tracing is on (`middlewares()` is then one
+middleware, `propagating(channel)` a wrapper); off, the bridge is unchanged.
+The context travels in the metadata for both channels alike: a network
+`grpc.aio` channel (`ors-grpc bridge`) and the in-process one
+(`serve --http-port`), which client interceptors cannot reach.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Optional
+
+from aiohttp import web
+
+from ors_grpc import tracing
+
+__all__ = ["middlewares", "propagating"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def middlewares() -> list[Any]:
+    """The app's tracing middleware when tracing is on, else none."""
+    return [trace_requests] if tracing.enabled() else []
+
+
+def propagating(channel: Any) -> Any:
+    """`channel`, sending the current trace context with every call while tracing is on."""
+    return _PropagatingChannel(channel) if tracing.enabled() else channel
+
+
+def _route(request: web.Request) -> Optional[str]:
+    """The route's pattern (`/{env}/call`), never the raw path."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else None
+
+
+@web.middleware
+async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A SERVER span per request (HTTP semantic conventions; no headers, bodies or query)."""
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    if tracing.tracer is None:
+        return await handler(request)
+    route = _route(request)
+    attributes = {"http.request.method": request.method, "url.path": request.path, "url.scheme": request.scheme}
+    if route is not None:
+        attributes["http.route"] = route
+    session_id = request.headers.get("X-Session-ID")
+    if session_id:
+        attributes[tracing.SESSION_ID_ATTRIBUTE] = session_id
+    with tracing.tracer.start_as_current_span(
+        f"{request.method} {route}" if route else request.method,
+        context=tracing.extract_context(request.headers), kind=SpanKind.SERVER, attributes=attributes,
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+
+
+class _PropagatingChannel:
+    """A channel whose calls carry the caller's trace context in their metadata."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.unary_unary(*args, **kwargs))
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.unary_stream(*args, **kwargs))
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.stream_stream(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+def _with_trace_context(multicallable: Callable[..., Any]) -> Callable[..., Any]:
+    def call(request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return multicallable(request, *args, metadata=tracing.inject_context(tuple(metadata or ())), **kwargs)
+
+    return call
