@@ -8,13 +8,17 @@ import asyncio
 import base64
 import contextlib
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, AsyncIterator, Iterator
 
 import aiohttp
 import grpc
 import pytest
 from opentelemetry.propagate import inject
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -229,3 +233,88 @@ async def _one_episode(url: str, headers: dict[str, str]) -> None:
         async with http.post("/echoenv/call", json={"name": "echo", "input": {"text": "x"}},
                              headers={**headers, "X-Session-ID": sid}) as response:
             assert parse_sse(await response.text()).result()["ok"] is True
+
+
+class Collector:
+    """A stand-in OTLP collector on loopback (its own thread): the spans it was sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self._lock = threading.Lock()
+
+    def receive(self, body: bytes) -> None:
+        request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+        with self._lock:
+            self.spans += [span for resource in request.resource_spans
+                           for scope in resource.scope_spans for span in scope.spans]
+
+    def wait_for(self, *names: str) -> dict[str, Any]:
+        deadline = time.monotonic() + SPAN_WAIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                by_name = {span.name: span for span in self.spans}
+            if set(names) <= set(by_name):
+                return by_name
+            time.sleep(0.05)
+        raise AssertionError(f"the collector got {sorted(by_name)}, not all of {names}")
+
+
+@contextlib.contextmanager
+def otlp_collector(protocol: str) -> Iterator[tuple[Collector, str]]:
+    collector = Collector()
+    if protocol == "grpc":
+        class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                collector.receive(request.SerializeToString())
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            yield collector, f"http://127.0.0.1:{port}"
+        finally:
+            server.stop(None)
+        return
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            assert self.path == "/v1/traces"
+            collector.receive(self.rfile.read(int(self.headers["Content-Length"])))
+            body = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http_server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
+    try:
+        yield collector, f"http://127.0.0.1:{http_server.server_address[1]}"
+    finally:
+        http_server.shutdown()
+        http_server.server_close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_an_otlp_endpoint_alone_turns_tracing_on(protocol: str) -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT without OTEL_TRACES_EXPORTER exports with otlp (the distro's
+    convention), over the protocol OTEL_EXPORTER_OTLP_PROTOCOL names (grpc by default)."""
+    with otlp_collector(protocol) as (collector, endpoint):
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        if protocol != "grpc":
+            env["OTEL_EXPORTER_OTLP_PROTOCOL"] = protocol
+        with start_serve("tests.environments:EchoEnv", "--http-port", "0", env=env) as serve:
+            trace_id = "0af7651916cd43dd8448eb211c80319c"
+            asyncio.run(_one_episode(serve.http_url, {"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}))
+            spans = collector.wait_for("POST /{env}/call", CALL_TOOL, "execute_tool echo")
+    http_span, rpc_span, tool_span = spans["POST /{env}/call"], spans[CALL_TOOL], spans["execute_tool echo"]
+    assert http_span.trace_id.hex() == rpc_span.trace_id.hex() == tool_span.trace_id.hex() == trace_id
+    assert http_span.parent_span_id.hex() == "b7ad6b7169203331"
+    assert rpc_span.parent_span_id == http_span.span_id
+    assert tool_span.parent_span_id == rpc_span.span_id
