@@ -113,13 +113,19 @@ def _exporter_names() -> list[str]:
     return [name.strip() for name in names.split(",") if name.strip() and name.strip() != "none"]
 
 
+#: OTLP exporter entry points by OTEL_EXPORTER_OTLP_PROTOCOL.
+_OTLP_EXPORTERS = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+
+
 def _otlp_exporter_name(name: str) -> str:
     """`otlp` picks its transport by OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, as the SDK does."""
     if name != "otlp":
         return name
     protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
-    return "otlp_proto_grpc" if protocol == "grpc" else "otlp_proto_http"
+    if protocol not in _OTLP_EXPORTERS:
+        raise ValueError(f"unsupported OTLP protocol {protocol!r} (grpc or http/protobuf)")
+    return _OTLP_EXPORTERS[protocol]
 
 
 def _load_exporter(name: str) -> Any:
@@ -141,8 +147,7 @@ def _enable_from_environment() -> None:
         from opentelemetry import trace
     except ImportError:
         if exporters:
-            logger.warning("tracing_unavailable reason=%s",
-                           "OTEL_* asks for traces but OpenTelemetry is not installed: pip install 'ors-grpc[otel]'")
+            _not_tracing("OTEL_* asks for traces but OpenTelemetry is not installed: pip install 'ors-grpc[otel]'")
         return
     installed = trace.get_tracer_provider()
     if not isinstance(installed, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
@@ -150,20 +155,40 @@ def _enable_from_environment() -> None:
         return
     if not exporters:
         return
+    try:
+        provider = _sdk_tracer_provider(exporters)
+    except ImportError:
+        _not_tracing("OTEL_* asks for traces but the OpenTelemetry SDK is not installed: pip install 'ors-grpc[otel]'")
+        return
+    except Exception as exc:  # an unknown exporter, a bad OTLP protocol: serve, untraced
+        _not_tracing(str(exc))
+        return
+    # Global too, so that spans of instrumented libraries in tools join the trace.
+    trace.set_tracer_provider(provider)
+    enable(provider)
+    logger.info("tracing_enabled exporters=%s", ",".join(exporters))
+
+
+def _not_tracing(reason: str) -> None:
+    # Observability must not take the service down: one clear line, and serve on.
+    logger.warning("tracing_disabled reason=%s", reason)
+
+
+def _sdk_tracer_provider(exporters: list[str]) -> Any:
+    """An SDK tracer provider exporting to `exporters` in batches. The SDK reads the rest of
+    the environment: OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, OTEL_BSP_*."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    # Resource.create reads OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES; the
-    # provider OTEL_TRACES_SAMPLER; the processor OTEL_BSP_*.
-    provider = TracerProvider(resource=Resource.create({"service.name": "ors-grpc"}
-                                                       if not os.environ.get("OTEL_SERVICE_NAME") else {}))
-    for name in exporters:
-        provider.add_span_processor(BatchSpanProcessor(_load_exporter(name)))
-    # Global too, so spans of instrumented libraries in tools join the trace.
-    trace.set_tracer_provider(provider)
-    enable(provider)
-    logger.info("tracing_enabled exporters=%s", ",".join(exporters))
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "ors-grpc"}))
+    processors = [BatchSpanProcessor(_load_exporter(name)) for name in exporters]
+    provider = TracerProvider(resource=resource)
+    for processor in processors:
+        provider.add_span_processor(processor)
+    return provider
 
 
 # --- propagation ---------------------------------------------------------------------

@@ -8,6 +8,9 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,8 +35,8 @@ from ors_grpc.server import create_server, in_process_channel
 from tests.bridge_http import parse_sse
 from tests.conftest import tool_call
 from tests.environments import EchoEnv
+from tests.servers import ROOT, start_serve
 from tests.servers import start_bridge as start_bridge_process
-from tests.servers import start_serve
 
 SECRET = "s3cr3t-value-never-in-spans"
 TOOL_INPUT = "tool-input-never-in-spans"
@@ -318,3 +321,23 @@ def test_an_otlp_endpoint_alone_turns_tracing_on(protocol: str) -> None:
     assert http_span.parent_span_id.hex() == "b7ad6b7169203331"
     assert rpc_span.parent_span_id == http_span.span_id
     assert tool_span.parent_span_id == rpc_span.span_id
+
+
+@pytest.mark.parametrize(("env", "on", "says"), [
+    ({}, False, ""),
+    ({"OTEL_TRACES_EXPORTER": "none"}, False, ""),
+    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}, False, ""),
+    ({"OTEL_TRACES_EXPORTER": "console"}, True, "tracing_enabled exporters=console"),
+    ({"OTEL_TRACES_EXPORTER": "nosuch"}, False, "tracing_disabled reason=no OpenTelemetry trace exporter named 'nosuch'"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, False,
+     "tracing_disabled reason=unsupported OTLP protocol 'http/json'"),
+])
+def test_the_environment_decides_and_a_mistake_is_one_line(env: dict[str, str], on: bool, says: str) -> None:
+    """Checked in a fresh process: the choice is made once, and installs a global provider."""
+    program = ("import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+               "from ors_grpc import tracing; print('on' if tracing.enabled() else 'off')")
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    result = subprocess.run([sys.executable, "-c", program], env={**clean, **env}, capture_output=True, text=True,
+                            timeout=60, cwd=ROOT)
+    assert result.stdout.strip() == ("on" if on else "off")
+    assert result.stderr.strip() == says or (says and result.stderr.strip().startswith(says)), result.stderr
