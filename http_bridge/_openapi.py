@@ -4,8 +4,8 @@ One place to keep in sync with the routes in `app.py`: the `OPERATIONS`
 table below (`tests/test_bridge_openapi.py` fails when a served route is not
 in it, or a documented one is not served). Request body schemas are not
 written here: they come from the pydantic models that validate the bodies
-(`_convert.SplitBody`, ...), so they cannot drift. Response schemas follow
-/work/shared/spec/ORS.md section 1 (the reference's JSON shapes).
+(`_convert.SplitBody`, ...), so they cannot drift. Response schemas are the
+ORS data types as the reference server writes them.
 
 Both routes answer without an API key and without asking the backend, as
 the reference (FastAPI) serves them: the document describes the API, it
@@ -269,8 +269,8 @@ _STATUS_TEXT = {
     413: "Request body over the size limit",
     422: "The body is not JSON, or not of the expected shape; `detail` names the field",
     429: "Too many sessions or requests; retry after `Retry-After`",
-    500: "Setup failed (its message), or an internal error",
-    503: "The gRPC backend is unavailable, or the environment is still starting; retry after `Retry-After`",
+    500: "The environment's code raised (a failed setup: its message), or an internal error",
+    503: "The gRPC backend is unavailable; retry after `Retry-After`",
 }
 
 _INFO_DESCRIPTION = """\
@@ -342,7 +342,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": _ok_response(op)}
     statuses = set(op.errors)
     if not op.public:
-        statuses |= {401, 503}
+        statuses |= {401, 500, 503}
     if op.body:
         statuses |= {413, 422}
     for status in sorted(statuses):
