@@ -341,3 +341,36 @@ def test_the_environment_decides_and_a_mistake_is_one_line(env: dict[str, str], 
                             timeout=60, cwd=ROOT)
     assert result.stdout.strip() == ("on" if on else "off")
     assert result.stderr.strip() == says or (says and result.stderr.strip().startswith(says)), result.stderr
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({}, ""),
+    ({"OTEL_TRACES_EXPORTER": "console"}, "tracing_disabled reason=OTEL_* asks for traces but OpenTelemetry is not installed"),
+])
+def test_without_opentelemetry_installed_a_server_and_its_bridge_serve_untraced(env: dict[str, str], says: str) -> None:
+    program = """
+import asyncio, logging, sys
+sys.modules["opentelemetry"] = None  # as if not installed: importing it fails
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+import aiohttp
+from http_bridge import start_bridge
+from ors_grpc.server import create_server, in_process_channel
+from tests.environments import EchoEnv
+
+async def main():
+    server, port = await create_server([EchoEnv], "127.0.0.1:0")
+    runner, http_port = await start_bridge("", "127.0.0.1", 0, channel=in_process_channel(server))
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{http_port}/echoenv/tools") as response:
+            print(response.status)
+    await runner.cleanup()
+    await server.stop(None)
+
+asyncio.run(main())
+"""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    result = subprocess.run([sys.executable, "-c", program], env={**clean, **env, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.stdout.strip() == "200", result.stderr
+    logged = [line for line in result.stderr.splitlines() if line.startswith("tracing")]
+    assert logged == ([says] if says else []) or (says and len(logged) == 1 and logged[0].startswith(says))
