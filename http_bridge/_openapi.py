@@ -346,7 +346,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     if op.body:
         statuses |= {413, 422}
     for status in sorted(statuses):
-        responses[str(status)] = _error_response(status)
+        responses[str(status)] = {"$ref": f"#/components/responses/Error{status}"}
     document: dict[str, Any] = {
         "operationId": op.operation_id,
         "summary": op.summary,
@@ -393,6 +393,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": schemas,
+            "responses": {f"Error{status}": _error_response(status) for status in sorted(_STATUS_TEXT)},
             "parameters": {
                 "Env": {
                     "name": "env", "in": "path", "required": True, "schema": {"type": "string"},

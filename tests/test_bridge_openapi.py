@@ -104,6 +104,8 @@ async def test_openapi_json_and_docs_need_no_key(http: aiohttp.ClientSession) ->
 def check(method: str, path: str, status: int, value: Any, media_type: str = "application/json") -> None:
     """`value` fits the schema the document gives for this answer."""
     response = openapi_document()["paths"][path][method]["responses"][str(status)]
+    if "$ref" in response:  # #/components/responses/...
+        response = openapi_document()["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
     schema = response["content"][media_type]["schema"]
     validator = OAS31Validator({**schema, "components": openapi_document()["components"]})
     errors = [error.message for error in validator.iter_errors(value)]
