@@ -208,13 +208,13 @@ OPERATIONS: tuple[Operation, ...] = (
               body="SplitBody", errors=(400, 404)),
     Operation("post", "/{env}/task", "get_task", "One task by split and index", "discovery", "OneTask",
               body="TaskBody", errors=(400, 404), description="400 `Invalid split` or `Invalid index`."),
-    Operation("post", "/{env}/get_task", "get_task_alias", "Alias of `/{env}/task` (the spec's name)",
+    Operation("post", "/{env}/get_task", "get_task_alias", "Alias of /{env}/task (the spec's name)",
               "discovery", "OneTask", body="TaskBody", errors=(400, 404)),
-    Operation("post", "/{env}/task_range", "get_task_range", "Tasks `[start, stop)` of a split", "discovery",
+    Operation("post", "/{env}/task_range", "get_task_range", "Tasks [start, stop) of a split", "discovery",
               "TaskList", body="TaskRangeBody", errors=(400, 404),
               description="Python slice semantics: null means the end, negatives count from the end, clamped."),
     Operation("post", "/{env}/get_task_range", "get_task_range_alias",
-              "Alias of `/{env}/task_range` (the spec's name)", "discovery", "TaskList",
+              "Alias of /{env}/task_range (the spec's name)", "discovery", "TaskList",
               body="TaskRangeBody", errors=(400, 404)),
     Operation("post", "/create_session", "create_session", "A new session id", "sessions", "SessionId", sse=True,
               description="With `Accept: text/event-stream` (both Python clients) the answer is SSE: "
@@ -244,7 +244,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/{env}/task_tools", "list_task_tools", "Shared tools, then the task's own", "episode",
               "ListToolsOutput", session=True, errors=_SESSION_ERRORS,
               description="Waits for setup. Any `{env}` is accepted."),
-    Operation("post", "/{env}/call", "call_tool", "Run a tool (or reattach by `task_id`)", "episode",
+    Operation("post", "/{env}/call", "call_tool", "Run a tool (or reattach by task_id)", "episode",
               "RunToolOutput", body="CallBody", session=True, errors=_SESSION_ERRORS, sse=True,
               description="Waits for setup; errors before the call starts (unknown session 404, deleted 410, "
                           "setup failed 500) are HTTP statuses, later ones are SSE `error` events.\n\n"
