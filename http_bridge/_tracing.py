@@ -10,11 +10,14 @@ The context travels in the metadata for both channels alike: a network
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
 from ors_grpc import tracing
+
+from ._metrics import CLIENT_CLOSED_REQUEST, KNOWN_METHODS
 
 __all__ = ["middlewares", "propagating"]
 
@@ -45,14 +48,16 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
     if tracing.tracer is None:
         return await handler(request)
     route = _route(request)
-    attributes = {"http.request.method": request.method, "url.path": request.path, "url.scheme": request.scheme}
+    # A method of the client's invention is not a span name (HTTP semantic conventions).
+    method = request.method if request.method in KNOWN_METHODS else "_OTHER"
+    attributes = {"http.request.method": method, "url.path": request.path, "url.scheme": request.scheme}
     if route is not None:
         attributes["http.route"] = route
     session_id = request.headers.get("X-Session-ID")
     if session_id:
         attributes[tracing.SESSION_ID_ATTRIBUTE] = session_id
     with tracing.tracer.start_as_current_span(
-        f"{request.method} {route}" if route else request.method,
+        f"{request.method} {route}" if route else ("HTTP" if method == "_OTHER" else method),
         context=tracing.extract_context(request.headers), kind=SpanKind.SERVER, attributes=attributes,
         record_exception=False, set_status_on_exception=False,
     ) as span:
@@ -63,6 +68,9 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
             return response
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST  # the client left: not the server's error
             raise
         finally:
             span.set_attribute("http.response.status_code", status)
