@@ -1,8 +1,8 @@
 """Tracing of the bridge (see `ors_grpc.tracing`): one SERVER span per HTTP request, continuing
 the client's W3C `traceparent`, and that context sent on to the backend in the gRPC metadata.
 
-Both are installed only while tracing is on (`middlewares()` is then one
-middleware, `propagating(channel)` a wrapper); off, the bridge is unchanged.
+Both are installed only while tracing is on (`install(app)` adds the
+middleware, `propagating(channel)` wraps the channel); off, the bridge is unchanged.
 The context travels in the metadata for both channels alike: a network
 `grpc.aio` channel (`ors-grpc bridge`) and the in-process one
 (`serve --http-port`), which client interceptors cannot reach.
@@ -19,14 +19,15 @@ from ors_grpc import tracing
 
 from ._metrics import CLIENT_CLOSED_REQUEST, KNOWN_METHODS
 
-__all__ = ["middlewares", "propagating"]
+__all__ = ["install", "propagating", "trace_requests"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def middlewares() -> list[Any]:
-    """The app's tracing middleware when tracing is on, else none."""
-    return [trace_requests] if tracing.enabled() else []
+def install(app: web.Application) -> None:
+    """While tracing is on: the tracing middleware, outermost (it sees the final statuses)."""
+    if tracing.enabled():
+        app.middlewares.insert(0, trace_requests)
 
 
 def propagating(channel: Any) -> Any:

@@ -23,11 +23,10 @@ from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentS
 from ors_grpc.errors import http_status_for
 
 from . import _convert as convert
-from . import _openapi
-from . import _tracing
 from ._backend import EnvNames, call_metadata, error_reason, open_channel
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
+from . import _openapi, _tracing
 
 __all__ = ["DEFAULT_MAX_BYTES", "create_app", "start_bridge"]
 
@@ -424,7 +423,7 @@ def create_app(
     `ors_grpc.server.in_process_channel(server)`) is used instead of opening one.
     """
     app = web.Application(
-        middlewares=[*_tracing.middlewares(), record_metrics, errors_as_json, limit_body, default_env_redirect],
+        middlewares=[record_metrics, errors_as_json, limit_body, default_env_redirect],
         client_max_size=max_body_bytes,
     )
     app[CONFIG] = BridgeConfig(
@@ -440,6 +439,7 @@ def create_app(
     app.cleanup_ctx.append(_backend_channel)
     app.add_routes(_routes())
     app.add_routes(_openapi.routes())  # /openapi.json, /docs
+    _tracing.install(app)  # only while tracing is on
     return app
 
 

@@ -224,9 +224,9 @@ async def create_server(
         tool_timeout_s=config.tool_timeout_s,
     )
     service = EnvironmentService(environments, sessions)
-    # Metrics first: it also counts the calls the key check rejects (tracing,
-    # when on, before it: its span covers the whole call).
-    interceptors: list[grpc.aio.ServerInterceptor] = [*tracing.server_interceptors(), metrics.RpcMetricsInterceptor()]
+    # Metrics first: it also counts the calls the key check rejects.
+    interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
+    interceptors[:0] = tracing.server_interceptors()  # when on, before all: its span covers the whole call
     if config.api_key:
         interceptors.append(_ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(
