@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, AsyncIterator, Iterator
 
@@ -44,29 +45,37 @@ CALL_TOOL = "ors.v1.EnvironmentService/CallTool"
 SPAN_WAIT_S = 10.0
 
 
+@dataclass
+class Recording:
+    """Tracing on, into memory."""
+
+    provider: TracerProvider
+    exporter: InMemorySpanExporter
+
+
 @pytest.fixture
-def provider() -> Iterator[TracerProvider]:
+def recording() -> Iterator[Recording]:
     provider = TracerProvider()
-    provider.exporter = InMemorySpanExporter()  # type: ignore[attr-defined]
-    provider.add_span_processor(SimpleSpanProcessor(provider.exporter))  # type: ignore[attr-defined]
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.enable(provider)
-    yield provider
+    yield Recording(provider, exporter)
     tracing.disable()
 
 
-def remote_parent(provider: TracerProvider) -> tuple[Any, dict[str, str]]:
+def remote_parent(recording: Recording) -> tuple[Any, dict[str, str]]:
     """A client's span (ended at once: only its id travels) and the headers that carry it."""
-    with provider.get_tracer("test-client").start_as_current_span("agent step") as span:
+    with recording.provider.get_tracer("test-client").start_as_current_span("agent step") as span:
         headers: dict[str, str] = {}
         inject(headers)
     return span.get_span_context(), headers
 
 
-async def finished_spans(provider: TracerProvider, *names: str) -> list[ReadableSpan]:
+async def finished_spans(recording: Recording, *names: str) -> list[ReadableSpan]:
     """The finished spans, once every one of `names` is among them."""
     deadline = time.monotonic() + SPAN_WAIT_S
     while True:
-        spans = list(provider.exporter.get_finished_spans())  # type: ignore[attr-defined]
+        spans = list(recording.exporter.get_finished_spans())
         if set(names) <= {span.name for span in spans} or time.monotonic() > deadline:
             return spans
         await asyncio.sleep(0.02)
@@ -102,21 +111,21 @@ async def bridge(door: str) -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.mark.parametrize("door", ["embedded", "standalone"])
-async def test_one_call_is_one_trace_across_both_hops(provider: TracerProvider, door: str) -> None:
+async def test_one_call_is_one_trace_across_both_hops(recording: Recording, door: str) -> None:
     async with bridge(door) as http:
         async with http.post("/create_session") as response:
             sid = (await response.json())["sid"]
         secrets_header = base64.b64encode(json.dumps({"KEY": {"value": SECRET}}).encode()).decode()
-        create_parent, headers = remote_parent(provider)
+        create_parent, headers = remote_parent(recording)
         async with http.post("/create", json={"split": "train", "index": 0, "secrets": {"OTHER": SECRET}},
                              headers={**headers, "X-Session-ID": sid, "X-Secrets": secrets_header}) as response:
             assert response.status == 200
-        call_parent, headers = remote_parent(provider)
+        call_parent, headers = remote_parent(recording)
         async with http.post("/echoenv/call", json={"name": "echo", "input": {"text": TOOL_INPUT}},
                              headers={**headers, "X-Session-ID": sid}) as response:
             assert response.status == 200
             assert parse_sse(await response.text()).result()["ok"] is True
-        spans = await finished_spans(provider, "POST /{env}/call", CALL_TOOL, "execute_tool echo", "ors.setup")
+        spans = await finished_spans(recording, "POST /{env}/call", CALL_TOOL, "execute_tool echo", "ors.setup")
 
     # /call: client -> HTTP span -> CallTool RPC span -> tool span, one trace.
     http_span = named(spans, "POST /{env}/call")
@@ -150,18 +159,18 @@ async def test_one_call_is_one_trace_across_both_hops(provider: TracerProvider, 
     assert_nothing_secret(spans)
 
 
-async def test_a_grpc_clients_traceparent_continues(provider: TracerProvider) -> None:
+async def test_a_grpc_clients_traceparent_continues(recording: Recording) -> None:
     server, port = await create_server([EchoEnv], "127.0.0.1:0")
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.EnvironmentServiceStub(channel)
             sid = (await stub.CreateSessionId(pb.CreateSessionIdRequest())).session_id
             await stub.CreateEpisode(pb.CreateEpisodeRequest(session_id=sid, task_spec={"json": "{}"}))
-            parent, headers = remote_parent(provider)
+            parent, headers = remote_parent(recording)
             call = pb.CallToolRequest(session_id=sid, call=tool_call("fail"))
             async for _ in stub.CallTool(call, metadata=tuple(headers.items())):
                 pass
-        spans = await finished_spans(provider, CALL_TOOL, "execute_tool fail")
+        spans = await finished_spans(recording, CALL_TOOL, "execute_tool fail")
     finally:
         await server.stop(None)
     rpc_span = named(spans, CALL_TOOL)
