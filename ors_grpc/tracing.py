@@ -38,6 +38,7 @@ import contextvars
 import logging
 import os
 import sys
+import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 import grpc
@@ -63,9 +64,13 @@ T = TypeVar("T")
 tracer: Any = None
 _environment_checked = False
 
-#: The session id an RPC acts on, for the spans of work it starts (setup, tool
-#: calls run in tasks that inherit it).
+#: The session id an RPC acts on, for the spans of work it starts (tool calls
+#: run in tasks that inherit it).
 SESSION_ID: contextvars.ContextVar[str] = contextvars.ContextVar("ors_session_id", default="")
+#: The session of each environment set up while tracing was on, for its tool
+#: calls' spans: it names the session also for a RunEpisode stream's calls, and
+#: after a rename. Weak both ways, so that it keeps nothing alive.
+_SESSION_OF_ENV: "weakref.WeakKeyDictionary[Any, weakref.ref[Any]]" = weakref.WeakKeyDictionary()
 
 SESSION_ID_ATTRIBUTE = "ors.session_id"
 _SESSION_ID_METADATA_KEY = "x-session-id"
@@ -354,6 +359,8 @@ async def traced_setup(session: Any, setup: Awaitable[None]) -> None:
         try:
             await setup
             outcome = "failed" if session.error is not None else "ok" if session.env is not None else "cancelled"
+            if session.env is not None:
+                _remember_session(session)
         finally:
             span.set_attribute("ors.outcome", outcome)
             if outcome == "failed":
@@ -361,12 +368,31 @@ async def traced_setup(session: Any, setup: Awaitable[None]) -> None:
                 span.set_status(Status(StatusCode.ERROR, session.error.message))
 
 
+def _remember_session(session: Any) -> None:
+    try:
+        _SESSION_OF_ENV[session.env] = weakref.ref(session)
+    except TypeError:
+        pass  # an environment that cannot be hashed or weakly referenced: the RPC's session id serves
+
+
+def _session_id_of(env: Any) -> str:
+    """The session of `env` (set up while tracing was on), else the RPC's."""
+    try:
+        session = _SESSION_OF_ENV.get(env, _no_session)()
+    except TypeError:
+        session = None
+    return session.sid if session is not None else SESSION_ID.get()
+
+
+def _no_session() -> None:
+    return None
+
+
 async def traced_tool_call(env: Any, tool: str, call: Awaitable[T]) -> T:
     """Await one tool call (a tool_calls.CallOutcome) inside an `execute_tool` span.
 
     `tool` is the metrics' bounded tool label (a name the environment does
-    not define is `unknown`). The session id comes from the RPC that started
-    the call."""
+    not define is `unknown`)."""
     from opentelemetry.trace import Status, StatusCode
 
     attributes = {
@@ -374,7 +400,7 @@ async def traced_tool_call(env: Any, tool: str, call: Awaitable[T]) -> T:
         "gen_ai.tool.name": tool,
         "ors.environment": type(env).name().lower(),
     }
-    sid = SESSION_ID.get()
+    sid = _session_id_of(env)
     if sid:
         attributes[SESSION_ID_ATTRIBUTE] = sid
     with tracer.start_as_current_span(f"execute_tool {tool}", attributes=attributes, record_exception=False,

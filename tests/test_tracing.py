@@ -384,3 +384,28 @@ asyncio.run(main())
     assert result.stdout.strip() == "200", result.stderr
     logged = [line for line in result.stderr.splitlines() if line.startswith("tracing")]
     assert logged == ([says] if says else []) or (says and len(logged) == 1 and logged[0].startswith(says))
+
+
+async def test_a_run_episode_streams_tool_calls_are_spans_of_its_session(recording: Recording) -> None:
+    server, port = await create_server([EchoEnv], "127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            parent, headers = remote_parent(recording)
+            stream = pb_grpc.EnvironmentServiceStub(channel).RunEpisode(metadata=tuple(headers.items()))
+            await stream.write(pb.RunEpisodeRequest(create=pb.CreateEpisodeRequest(
+                env_name="echoenv", task_spec={"json": "{}"})))
+            sid = (await stream.read()).create.session_id
+            await stream.write(pb.RunEpisodeRequest(call_tool=pb.ToolCallStep(
+                name="echo", input={"json": json.dumps({"text": TOOL_INPUT})}, task_id="t1")))
+            assert (await stream.read()).call_tool.HasField("result")
+            await stream.done_writing()
+            spans = await finished_spans(recording, "ors.v1.EnvironmentService/RunEpisode", "execute_tool echo")
+    finally:
+        await server.stop(None)
+    stream_span = named(spans, "ors.v1.EnvironmentService/RunEpisode")
+    tool_span = named(spans, "execute_tool echo")
+    assert stream_span.parent.span_id == parent.span_id
+    assert tool_span.parent.span_id == stream_span.context.span_id
+    assert tool_span.attributes["ors.session_id"] == sid
+    assert named(spans, "ors.setup").attributes["ors.session_id"] == sid
+    assert_nothing_secret(spans)
