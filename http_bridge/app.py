@@ -27,6 +27,7 @@ from ._backend import EnvNames, call_metadata, error_reason, open_channel
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
+from . import _openapi, _tracing
 
 __all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
 
@@ -45,7 +46,8 @@ _UNKNOWN_TASK_ID = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNKNOWN_T
 
 #: First path segments that are routes of their own, not environment names.
 ROOT_SEGMENTS = frozenset(
-    {"health", "version", "list_environments", "ping", "create", "delete", "create_session", "delete_session"}
+    {"health", "version", "list_environments", "ping", "create", "delete", "create_session", "delete_session",
+     "openapi.json", "docs"}
 )
 
 
@@ -417,7 +419,7 @@ async def _backend_channel(app: web.Application) -> Any:
         tls_root_cert=config.tls_root_cert,
         tls_server_name=config.tls_server_name,
     )
-    app[STUB] = EnvironmentServiceStub(channel)
+    app[STUB] = EnvironmentServiceStub(_tracing.propagating(channel))
     app[ENV_NAMES] = EnvNames(app[STUB], config.env_cache_ttl_s)
     yield
     await channel.close()
@@ -461,6 +463,8 @@ def create_app(
     )
     app.cleanup_ctx.append(_backend_channel)
     app.add_routes(_routes())
+    app.add_routes(_openapi.routes())  # /openapi.json, /docs
+    _tracing.install(app)  # only while tracing is on
     return app
 
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple, TypeVar
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
+from . import tracing
+
 __all__ = [
     "OPEN_SESSIONS",
     "RPCS_HANDLED",
@@ -125,6 +127,8 @@ def warm_episode_ended(env_cls: type, outcome: str) -> None:
 
 async def timed_setup(session: Any, setup: Awaitable[None]) -> None:
     """Await a session's setup, observing its duration and outcome."""
+    if tracing.tracer is not None:
+        setup = tracing.traced_setup(session, setup)
     started = time.perf_counter()
     outcome = "cancelled"
     try:
@@ -163,6 +167,8 @@ async def timed_tool_call(env: Any, name: str, call: Awaitable[T]) -> T:
     """Await one tool call (a tool_calls.CallOutcome), counting it in flight
     while it runs and observing its duration and outcome."""
     metrics = _tool_metrics(type(env), name)
+    if tracing.tracer is not None:
+        call = tracing.traced_tool_call(env, tool_label(type(env), name), call)
     metrics.in_flight.inc()
     started = time.perf_counter()
     outcome = "cancelled"

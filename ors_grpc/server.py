@@ -24,6 +24,7 @@ from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
 from .environment import Environment
 from . import metrics
+from . import tracing
 from .errors import ORSError, abort
 from .inprocess import InProcessChannel
 from .service import EnvironmentService
@@ -250,6 +251,7 @@ async def create_server(
     service = EnvironmentService(environments, sessions, max_message_bytes=config.max_message_bytes)
     # Metrics first: it also counts the calls the key check rejects.
     interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
+    interceptors[:0] = tracing.server_interceptors()  # when on, before all: its span covers the whole call
     if config.api_key:
         interceptors.append(_ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(

@@ -92,9 +92,10 @@ def _wait_listening(serve: ServeProcess, wants_http: bool) -> None:
 
 
 @contextmanager
-def start_bridge(backend_target: str, *args: str) -> Iterator[ServeProcess]:
+def start_bridge(backend_target: str, *args: str, env: Mapping[str, str] | None = None) -> Iterator[ServeProcess]:
     """Start `python -m ors_grpc.cli bridge --backend TARGET --http-port 0 *args`; wait until it listens."""
-    process_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    process_env = {**os.environ, **(env or {})}
+    process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "ors_grpc.cli", "bridge", "--backend", backend_target, "--http-port", "0", *args],
         cwd=ROOT, env=process_env, stdout=subprocess.PIPE, text=True, bufsize=1,

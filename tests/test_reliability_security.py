@@ -48,6 +48,9 @@ ROUTES = sorted(
 # ----------------------------------------------------------------------------
 
 
+#: Routes that need no key: /health (the spec), and the API's description (as FastAPI serves it).
+PUBLIC_PATHS = {"/health", "/openapi.json", "/docs"}
+
 # Well-formed bodies: a malformed one is a 422 from the bridge before any
 # call reaches the service (where the key is checked).
 CREATE_BODY = {"env_name": "probeenv", "task_spec": {}}
@@ -70,7 +73,7 @@ async def test_with_an_api_key_every_http_route_but_health_refuses_requests_with
                 for headers in ({"X-Session-ID": "s"}, {"X-Session-ID": "s", "X-API-Key": API_KEY + "x"},
                                 {"X-Session-ID": "s", "Authorization": "Bearer wrong"}):
                     status, payload = await _http_status(http, method, path, headers)
-                    if path == "/health":
+                    if path in PUBLIC_PATHS:
                         assert status == 200
                     else:
                         assert status == 401 and payload["detail"], (method, path, headers)

@@ -1,0 +1,485 @@
+"""The OpenAPI 3.1 description of the ORS HTTP API as this bridge serves it: `/openapi.json`, `/docs`.
+
+One place to keep in sync with the routes in `app.py`: the `OPERATIONS`
+table below (`tests/test_bridge_openapi.py` fails when a served route is not
+in it, or a documented one is not served). Request body schemas are not
+written here: they come from the pydantic models that validate the bodies
+(`_convert.SplitBody`, ...), so they cannot drift. Response schemas are the
+ORS data types as the reference server writes them.
+
+Both routes answer without an API key and without asking the backend, as
+the reference (FastAPI) serves them: the document describes the API, it
+holds no data. `/docs` is Swagger UI loaded from a CDN by the browser, as
+FastAPI's; the page also carries a plain route list rendered here, shown
+when the script cannot load (offline, or a strict network).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from aiohttp import web
+
+from ors_grpc import __version__
+
+from . import _convert as convert
+
+__all__ = ["OPERATIONS", "Operation", "openapi_document", "routes"]
+
+#: Swagger UI's files, as FastAPI's `/docs` loads them (major version 5).
+SWAGGER_UI_JS = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"
+SWAGGER_UI_CSS = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"
+
+SSE_GRAMMAR = """\
+Server-Sent Events, one event per `event: NAME` line, one or more `data: ...` lines
+(a line break in the data becomes a new `data:` line; join them with "\\n") and a blank line.
+Comment lines (`: ping`) are keepalives, sent at least every 10 s while the tool runs."""
+
+CALL_EVENTS = """\
+1. `task_id`: the call's task id (32 hex characters); keep it to reattach.
+2. zero or more `chunk`, then one `end`: the compact JSON of a `RunToolOutput`, cut into
+   pieces of 4096 characters; concatenate the data of every `chunk` and the `end` in order.
+3. or, instead of 2, one `error`: a message (the tool raised; or `unknown task_id` on a reattach).
+
+An unknown tool name or input that fails the tool's schema is not an `error`: it is an `end`
+with `{"ok": false, "error": "..."}`. A stream that ends without `end` or `error` (the backend
+went away) is resumed by sending the same body again with `task_id` set; the tool does not run
+twice, and a finished result stays available for at least 60 s."""
+
+
+# --------------------------------------------------------------------------
+# Schemas (JSON Schema 2020-12, as OpenAPI 3.1 uses)
+# --------------------------------------------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_NULLABLE_OBJECT = {"type": ["object", "null"]}
+_USER_OBJECT = {"type": "object", "description": "Environment-defined JSON, passed through losslessly."}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["detail"],
+        "properties": {"detail": {"type": "string", "description": "What went wrong."}},
+    },
+    "Status": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
+    "Version": {"type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}},
+    "SessionId": {"type": "object", "required": ["sid"], "properties": {"sid": {"type": "string"}}},
+    "TextBlock": {
+        "type": "object",
+        "required": ["text", "detail", "type"],
+        "properties": {"text": {"type": "string"}, "detail": _NULLABLE_OBJECT, "type": {"const": "text"}},
+    },
+    "ImageBlock": {
+        "type": "object",
+        "required": ["data", "mimeType", "detail", "type"],
+        "properties": {
+            "data": {"type": "string", "contentEncoding": "base64"},
+            "mimeType": {"type": "string"},
+            "detail": _NULLABLE_OBJECT,
+            "type": {"const": "image"},
+        },
+    },
+    "Block": {
+        "oneOf": [_ref("TextBlock"), _ref("ImageBlock")],
+        "discriminator": {
+            "propertyName": "type",
+            "mapping": {"text": "#/components/schemas/TextBlock", "image": "#/components/schemas/ImageBlock"},
+        },
+    },
+    "Blocks": {"type": "array", "items": _ref("Block")},
+    "ToolSpec": {
+        "type": "object",
+        "required": ["name", "description", "input_schema"],
+        "properties": {
+            "name": {"type": "string"},
+            "description": {"type": "string"},
+            "input_schema": {**_NULLABLE_OBJECT, "description": "A JSON Schema; null for a tool without parameters."},
+        },
+    },
+    "ListToolsOutput": {
+        "type": "object",
+        "required": ["tools"],
+        "properties": {"tools": {"type": "array", "items": _ref("ToolSpec")}},
+    },
+    "ToolOutput": {
+        "type": "object",
+        "required": ["blocks", "metadata", "reward", "finished"],
+        "properties": {
+            "blocks": _ref("Blocks"),
+            "metadata": _NULLABLE_OBJECT,
+            "reward": {"type": ["number", "null"]},
+            "finished": {"type": "boolean"},
+        },
+    },
+    "RunToolOutput": {
+        "description": "The payload of a tool call's `chunk`/`end` events.",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["ok", "output"],
+                "properties": {"ok": {"const": True}, "output": _ref("ToolOutput")},
+            },
+            {
+                "type": "object",
+                "required": ["ok", "error"],
+                "properties": {"ok": {"const": False}, "error": {"type": "string"}},
+            },
+        ],
+    },
+    "Split": {
+        "type": "object",
+        "required": ["name", "type"],
+        "properties": {"name": {"type": "string"}, "type": {"enum": ["train", "validation", "test"]}},
+    },
+    "Task": _USER_OBJECT,
+    "TaskList": {
+        "type": "object",
+        "required": ["tasks", "env_name"],
+        "properties": {"tasks": {"type": "array", "items": _ref("Task")}, "env_name": {"type": "string"}},
+    },
+    "OneTask": {
+        "type": "object",
+        "required": ["task", "env_name"],
+        "properties": {"task": _ref("Task"), "env_name": {"type": "string"}},
+    },
+    "NumTasks": {"type": "object", "required": ["num_tasks"], "properties": {"num_tasks": {"type": "integer"}}},
+}
+
+#: Request bodies: the validating models' own schemas.
+BODY_MODELS = {
+    "SplitBody": convert.SplitBody,
+    "TaskBody": convert.TaskBody,
+    "TaskRangeBody": convert.TaskRangeBody,
+    "CreateBody": convert.CreateBody,
+    "CallBody": convert.CallBody,
+}
+
+
+# --------------------------------------------------------------------------
+# Operations: one row per served method + path
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    tag: str
+    #: The JSON (or SSE) answer: a schema name, or a schema.
+    response: Any = None
+    body: Optional[str] = None
+    session: bool = False
+    #: Error statuses besides the ones every route may answer.
+    errors: tuple[int, ...] = ()
+    description: str = ""
+    sse: bool = False
+    #: Served by the bridge itself: no API key, no backend call.
+    public: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_SESSION_ERRORS = (400, 404, 410, 500, 503)
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("get", "/health", "health", "Liveness of the bridge and its backend", "discovery", "Status",
+              public=True, description="Needs no API key. 503 while the gRPC backend cannot be reached."),
+    Operation("get", "/version", "version", "The server's package version", "discovery", "Version"),
+    Operation("get", "/list_environments", "list_environments", "Names of the hosted environments",
+              "discovery", {"type": "array", "items": {"type": "string"}},
+              description="Lower-cased class names, in registration order; the first is the default."),
+    Operation("get", "/{env}/tools", "list_tools", "The environment's shared tools", "discovery",
+              "ListToolsOutput", errors=(404,)),
+    Operation("get", "/{env}/splits", "list_splits", "The environment's splits", "discovery",
+              {"type": "array", "items": _ref("Split")}, errors=(404,)),
+    Operation("post", "/{env}/tasks", "list_tasks", "Every task of a split", "discovery", "TaskList",
+              body="SplitBody", errors=(400, 404),
+              description="400 `Invalid split`, or when the environment only supports index access."),
+    Operation("post", "/{env}/num_tasks", "num_tasks", "How many tasks a split has", "discovery", "NumTasks",
+              body="SplitBody", errors=(400, 404)),
+    Operation("post", "/{env}/task", "get_task", "One task by split and index", "discovery", "OneTask",
+              body="TaskBody", errors=(400, 404), description="400 `Invalid split` or `Invalid index`."),
+    Operation("post", "/{env}/get_task", "get_task_alias", "Alias of /{env}/task (the spec's name)",
+              "discovery", "OneTask", body="TaskBody", errors=(400, 404)),
+    Operation("post", "/{env}/task_range", "get_task_range", "Tasks [start, stop) of a split", "discovery",
+              "TaskList", body="TaskRangeBody", errors=(400, 404),
+              description="Python slice semantics: null means the end, negatives count from the end, clamped."),
+    Operation("post", "/{env}/get_task_range", "get_task_range_alias",
+              "Alias of /{env}/task_range (the spec's name)", "discovery", "TaskList",
+              body="TaskRangeBody", errors=(400, 404)),
+    Operation("post", "/create_session", "create_session", "A new session id", "sessions", "SessionId", sse=True,
+              description="With `Accept: text/event-stream` (both Python clients) the answer is SSE: "
+                          "`event: task_id` / `data: <uuid4>`, then `event: end` / `data: ` (empty). "
+                          "Otherwise JSON `{\"sid\": ...}`."),
+    Operation("post", "/create", "create_episode", "Start an episode in the session", "sessions", "SessionId",
+              body="CreateBody", session=True, errors=(400, 404, 429),
+              description="Answers at once; the environment is built and set up in the background (session "
+                          "calls wait for it). Exactly one of `task_spec` or `split` + `index` (422 otherwise). "
+                          "Secrets come from the body's `secrets` and the `X-Secrets` header (base64 of JSON "
+                          "`{\"NAME\": {\"value\": \"...\"}}`), merged, the body's winning; they are never "
+                          "logged or echoed. 400 `Session already exists`; 429 when the server is at its "
+                          "session limit.",
+              extra={"parameters": [{
+                  "name": "X-Secrets", "in": "header", "required": False,
+                  "description": "base64 of JSON `{\"NAME\": {\"value\": \"...\"}}` (or `{\"NAME\": \"...\"}`).",
+                  "schema": {"type": "string"},
+              }]}),
+    Operation("post", "/ping", "ping", "Keep the session alive", "sessions", "Status", session=True,
+              errors=(400, 404), description="404 `Active environment not found` for a session without an episode."),
+    Operation("post", "/delete", "delete_episode", "End the session's episode (teardown)", "sessions",
+              "SessionId", session=True, errors=(400,), description="Idempotent: always 200."),
+    Operation("post", "/delete_session", "delete_session", "Release the session id", "sessions", "SessionId",
+              session=True, errors=(400,), description="Idempotent: always 200; also ends the session's episode."),
+    Operation("get", "/{env}/prompt", "get_prompt", "The episode's prompt", "episode", "Blocks", session=True,
+              errors=_SESSION_ERRORS, description="Waits for setup. Any `{env}` is accepted."),
+    Operation("get", "/{env}/task_tools", "list_task_tools", "Shared tools, then the task's own", "episode",
+              "ListToolsOutput", session=True, errors=_SESSION_ERRORS,
+              description="Waits for setup. Any `{env}` is accepted."),
+    Operation("post", "/{env}/call", "call_tool", "Run a tool (or reattach by task_id)", "episode",
+              "RunToolOutput", body="CallBody", session=True, errors=_SESSION_ERRORS, sse=True,
+              description="Waits for setup; errors before the call starts (unknown session 404, deleted 410, "
+                          "setup failed 500) are HTTP statuses, later ones are SSE `error` events.\n\n"
+                          + SSE_GRAMMAR + "\n\nEvents:\n\n" + CALL_EVENTS),
+    Operation("get", "/openapi.json", "openapi", "This document", "meta", {"type": "object"}, public=True,
+              description="Needs no API key, as in the reference server."),
+    Operation("get", "/docs", "docs", "Swagger UI for this document", "meta", public=True,
+              description="Needs no API key. Swagger UI comes from a CDN (as FastAPI's `/docs`); the page "
+                          "lists the routes without it."),
+)
+
+
+# --------------------------------------------------------------------------
+# The document
+# --------------------------------------------------------------------------
+
+_STATUS_TEXT = {
+    400: "Bad request (see `detail`)",
+    401: "Missing or wrong API key (when the server requires one)",
+    404: "Unknown environment, or no active episode for the session",
+    410: "The session was deleted while the call waited for setup",
+    413: "Request body over the size limit",
+    422: "The body is not JSON, or not of the expected shape; `detail` names the field",
+    429: "Too many sessions or requests; retry after `Retry-After`",
+    500: "The environment's code raised (a failed setup: its message), or an internal error",
+    503: "The gRPC backend is unavailable; retry after `Retry-After`",
+}
+
+_INFO_DESCRIPTION = """\
+The Open Reward Standard (ORS) HTTP/SSE API, as served by `http_bridge` in front of the ORS gRPC service.
+Every error is JSON `{"detail": "..."}` with its status.
+
+**Default environment**: a path whose first segment is neither a root route nor a hosted environment is
+answered `308 Permanent Redirect` to `/{first environment}{path}` (query kept), so `/tools`, `/prompt`,
+`/call` ... reach the default environment. Environment names match case-insensitively.
+
+**Sessions**: session-scoped routes need the `X-Session-ID` header (400 without it); any string is
+accepted as a session id. Sessions expire after 15 minutes without a session call or `/ping`.
+
+**Auth**: when the server is given an API key, every route but `/health`, `/openapi.json` and `/docs`
+needs it in `X-API-Key` (or `Authorization: Bearer`); 401 otherwise. Without a key nothing is checked.
+
+**Tracing**: a W3C `traceparent` header continues into the server's OpenTelemetry spans when tracing is on."""
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    return {"description": _STATUS_TEXT[status], "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+def _schema(response: Any) -> Any:
+    return _ref(response) if isinstance(response, str) else response
+
+
+def _ok_response(op: Operation) -> dict[str, Any]:
+    if op.path == "/docs":
+        return {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    if op.path == "/{env}/call":
+        return {
+            "description": "An SSE stream: `task_id`, then `chunk`* + `end` (a RunToolOutput) or `error`.",
+            "headers": {
+                "Cache-Control": {"schema": {"const": "no-cache"}},
+                "X-Accel-Buffering": {"schema": {"const": "no"}},
+            },
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "string", "description": SSE_GRAMMAR},
+                    "x-sse-events": {"task_id": {"type": "string"}, "chunk": {"type": "string"},
+                                     "end": {"type": "string", "contentMediaType": "application/json",
+                                             "contentSchema": _ref("RunToolOutput")},
+                                     "error": {"type": "string"}},
+                    "example": 'event: task_id\ndata: 9b2f0c6e4d1a4e0f8a7b3c2d1e0f9a8b\n\n'
+                               'event: end\ndata: {"ok":true,"output":{"blocks":[{"text":"correct","detail":null,'
+                               '"type":"text"}],"metadata":null,"reward":1.0,"finished":true}}\n\n',
+                },
+            },
+        }
+    content: dict[str, Any] = {"application/json": {"schema": _schema(op.response)}}
+    if op.sse:  # /create_session
+        content["text/event-stream"] = {
+            "schema": {"type": "string", "description": SSE_GRAMMAR},
+            "x-sse-events": {"task_id": {"type": "string", "description": "the new session id"},
+                             "end": {"type": "string", "const": ""}},
+            "example": "event: task_id\ndata: 3f1c2a4e-8d6b-4c1e-9a7f-2b5d8e0c4a1f\n\nevent: end\ndata: \n\n",
+        }
+    return {"description": "OK", "content": content}
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    parameters: list[dict[str, Any]] = []
+    if "{env}" in op.path:
+        parameters.append({"$ref": "#/components/parameters/Env"})
+    if op.session:
+        parameters.append({"$ref": "#/components/parameters/SessionId"})
+    parameters.extend(op.extra.get("parameters", ()))
+    responses: dict[str, Any] = {"200": _ok_response(op)}
+    statuses = set(op.errors)
+    if not op.public:
+        statuses |= {401, 500, 503}
+    if op.body:
+        statuses |= {413, 422}
+    for status in sorted(statuses):
+        responses[str(status)] = {"$ref": f"#/components/responses/Error{status}"}
+    document: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "tags": [op.tag],
+        "responses": responses,
+    }
+    if op.description:
+        document["description"] = op.description
+    if parameters:
+        document["parameters"] = parameters
+    if op.body:
+        document["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(op.body)}},
+        }
+    if op.public:
+        document["security"] = []
+    return document
+
+
+@functools.lru_cache(maxsize=1)
+def openapi_document() -> dict[str, Any]:
+    """The whole OpenAPI 3.1 document (built once; treat it as read-only)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    schemas = dict(SCHEMAS)
+    for name, model in BODY_MODELS.items():
+        schemas[name] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Open Reward Standard (ORS) HTTP API",
+            "version": __version__,
+            "description": _INFO_DESCRIPTION,
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "tags": [
+            {"name": "discovery", "description": "No session needed (an `X-Session-ID` header is tolerated)."},
+            {"name": "sessions", "description": "Session ids and episodes."},
+            {"name": "episode", "description": "Calls within an episode; they wait for setup."},
+            {"name": "meta", "description": "This description."},
+        ],
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "responses": {f"Error{status}": _error_response(status) for status in sorted(_STATUS_TEXT)},
+            "parameters": {
+                "Env": {
+                    "name": "env", "in": "path", "required": True, "schema": {"type": "string"},
+                    "description": "An environment name (case-insensitive). Session-scoped routes accept any.",
+                },
+                "SessionId": {
+                    "name": "X-Session-ID", "in": "header", "required": True, "schema": {"type": "string"},
+                    "description": "The session (from `/create_session`, or any string of the client's).",
+                },
+            },
+            "securitySchemes": {
+                "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key",
+                           "description": "Only when the server was started with an API key."},
+                "Bearer": {"type": "http", "scheme": "bearer",
+                           "description": "The same key as `Authorization: Bearer <key>`."},
+            },
+        },
+        # Either carrier, or none when the server requires no key.
+        "security": [{"ApiKey": []}, {"Bearer": []}, {}],
+    }
+
+
+# --------------------------------------------------------------------------
+# Handlers
+# --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _document_text() -> str:
+    return json.dumps(openapi_document(), ensure_ascii=False, separators=(",", ":"))
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(text=_document_text(), content_type="application/json")
+
+
+def _route_list() -> str:
+    rows = "".join(
+        f"<tr><td><code>{op.method.upper()}</code></td><td><code>{html.escape(op.path)}</code></td>"
+        f"<td>{html.escape(op.summary)}</td></tr>"
+        for op in OPERATIONS
+    )
+    return f"<table><tr><th>method</th><th>path</th><th>what</th></tr>{rows}</table>"
+
+
+@functools.lru_cache(maxsize=1)
+def _docs_page() -> str:
+    title = html.escape(openapi_document()["info"]["title"])
+    return f"""<!DOCTYPE html>
+<html>
+<head>
+<meta charset="utf-8">
+<title>{title} - Swagger UI</title>
+<link type="text/css" rel="stylesheet" href="{SWAGGER_UI_CSS}">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<div id="ors-routes">
+<h1>{title}</h1>
+<p>The full description is <a href="openapi.json">openapi.json</a> (OpenAPI 3.1).
+Swagger UI, loaded from a CDN, shows it here when the browser can reach the CDN.</p>
+{_route_list()}
+</div>
+<script src="{SWAGGER_UI_JS}"></script>
+<script>
+if (window.SwaggerUIBundle) {{
+  document.getElementById("ors-routes").remove();
+  window.ui = SwaggerUIBundle({{
+    url: "openapi.json",
+    dom_id: "#swagger-ui",
+    layout: "BaseLayout",
+    deepLinking: true,
+    showExtensions: true,
+    presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
+  }});
+}}
+</script>
+</body>
+</html>
+"""
+
+
+async def docs(request: web.Request) -> web.Response:
+    return web.Response(text=_docs_page(), content_type="text/html")
+
+
+def routes() -> list[web.RouteDef]:
+    """The two routes of this module, for the app's route table."""
+    return [web.get("/openapi.json", openapi_json), web.get("/docs", docs)]

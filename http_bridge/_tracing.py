@@ -1,0 +1,105 @@
+"""Tracing of the bridge (see `ors_grpc.tracing`): one SERVER span per HTTP request, continuing
+the client's W3C `traceparent`, and that context sent on to the backend in the gRPC metadata.
+
+Both are installed only while tracing is on (`install(app)` adds the
+middleware, `propagating(channel)` wraps the channel); off, the bridge is unchanged.
+The context travels in the metadata for both channels alike: a network
+`grpc.aio` channel (`ors-grpc bridge`) and the in-process one
+(`serve --http-port`), which client interceptors cannot reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Optional
+
+from aiohttp import web
+
+from ors_grpc import tracing
+
+from ._metrics import CLIENT_CLOSED_REQUEST, KNOWN_METHODS
+
+__all__ = ["install", "propagating", "trace_requests"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def install(app: web.Application) -> None:
+    """While tracing is on: the tracing middleware, outermost (it sees the final statuses)."""
+    if tracing.enabled():
+        app.middlewares.insert(0, trace_requests)
+
+
+def propagating(channel: Any) -> Any:
+    """`channel`, sending the current trace context with every call while tracing is on."""
+    return _PropagatingChannel(channel) if tracing.enabled() else channel
+
+
+def _route(request: web.Request) -> Optional[str]:
+    """The route's pattern (`/{env}/call`), never the raw path."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else None
+
+
+@web.middleware
+async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A SERVER span per request (HTTP semantic conventions; no headers, bodies or query)."""
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    if tracing.tracer is None:
+        return await handler(request)
+    route = _route(request)
+    # A method of the client's invention is not a span name (HTTP semantic conventions).
+    method = request.method if request.method in KNOWN_METHODS else "_OTHER"
+    attributes = {"http.request.method": method, "url.path": request.path, "url.scheme": request.scheme}
+    if route is not None:
+        attributes["http.route"] = route
+    session_id = request.headers.get("X-Session-ID")
+    if session_id:
+        attributes[tracing.SESSION_ID_ATTRIBUTE] = session_id
+    with tracing.tracer.start_as_current_span(
+        f"{request.method} {route}" if route else ("HTTP" if method == "_OTHER" else method),
+        context=tracing.extract_context(request.headers), kind=SpanKind.SERVER, attributes=attributes,
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_REQUEST  # the client left: not the server's error
+            raise
+        finally:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+
+
+class _PropagatingChannel:
+    """A channel whose calls carry the caller's trace context in their metadata."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.unary_unary(*args, **kwargs))
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.unary_stream(*args, **kwargs))
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.stream_stream(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+def _with_trace_context(multicallable: Callable[..., Any]) -> Callable[..., Any]:
+    def call(request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return multicallable(request, *args, metadata=tracing.inject_context(tuple(metadata or ())), **kwargs)
+
+    return call
