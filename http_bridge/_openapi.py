@@ -151,6 +151,14 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"task": _ref("Task"), "env_name": {"type": "string"}},
     },
     "NumTasks": {"type": "object", "required": ["num_tasks"], "properties": {"num_tasks": {"type": "integer"}}},
+    "Preparing": {
+        "type": "object",
+        "required": ["preparing", "ttl_seconds"],
+        "properties": {
+            "preparing": {"type": "integer", "description": "Episodes now being prepared."},
+            "ttl_seconds": {"type": "number", "description": "How long a ready one waits to be claimed."},
+        },
+    },
 }
 
 #: Request bodies: the validating models' own schemas.
@@ -160,6 +168,7 @@ BODY_MODELS = {
     "TaskRangeBody": convert.TaskRangeBody,
     "CreateBody": convert.CreateBody,
     "CallBody": convert.CallBody,
+    "PrepareBody": convert.PrepareBody,
 }
 
 
@@ -248,7 +257,19 @@ OPERATIONS: tuple[Operation, ...] = (
               "RunToolOutput", body="CallBody", session=True, errors=_SESSION_ERRORS, sse=True,
               description="Waits for setup; errors before the call starts (unknown session 404, deleted 410, "
                           "setup failed 500) are HTTP statuses, later ones are SSE `error` events.\n\n"
-                          + SSE_GRAMMAR + "\n\nEvents:\n\n" + CALL_EVENTS),
+                          + SSE_GRAMMAR + "\n\nEvents:\n\n" + CALL_EVENTS,
+              extra={"parameters": [{
+                  "name": "Idempotency-Key", "in": "header", "required": False,
+                  "description": "Extension: the call's task id, so a retried POST with the same key attaches "
+                                 "to the first run instead of running the tool again (422 when the key names "
+                                 "another tool or input).",
+                  "schema": {"type": "string", "minLength": 1, "maxLength": 130},
+              }]}),
+    Operation("post", "/{env}/prepare", "prepare_episodes", "Extension: set episodes up ahead (warm episodes)",
+              "extensions", "Preparing", body="PrepareBody", errors=(400, 404, 429),
+              description="Not in ORS. Each entry has the server construct the environment and run `setup()` "
+                          "in the background; a later `/create` of the same task, secrets and API key claims "
+                          "one at once. Unclaimed ones are torn down after `--warm-ttl` seconds."),
     Operation("get", "/openapi.json", "openapi", "This document", "meta", {"type": "object"}, public=True,
               description="Needs no API key, as in the reference server."),
     Operation("get", "/docs", "docs", "Swagger UI for this document", "meta", public=True,
