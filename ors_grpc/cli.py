@@ -20,9 +20,10 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, NoReturn, Sequence
 
 __all__ = ["main"]
 
@@ -119,6 +120,13 @@ def _positive_number(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """A usage mistake is one line on stderr (and exit status 2), pointing at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_STARTUP_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Each option's default in its help, unless it has none or the help already says it."""
 
@@ -130,7 +138,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     formatter = _HelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="ors-grpc", description="Open Reward Standard over gRPC.", formatter_class=formatter
     )
     log_level = {"type": str.upper, "choices": LOG_LEVELS, "metavar": "LEVEL"}
@@ -223,8 +231,24 @@ async def _bind(door: str, host: str, port: int, start: Awaitable[Any]) -> Any:
         return await start
     except OSError as exc:
         # asyncio's strerror is "error while attempting to bind on address (...): address already in use".
-        reason = exc.strerror.rsplit(": ", 1)[-1] if exc.strerror else str(exc)
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        reason = reason[:1].lower() + reason[1:]
         raise StartupError(f"{door} door: cannot listen on {host}:{port}: {reason}") from None
+
+
+async def _probe_port(host: str, port: int) -> None:
+    """Raise OSError if `port` on `host` cannot be listened on (taken by another program, `host`
+    unknown or not an address of this host). For the gRPC door: grpc reports only that binding
+    failed, after logging a C-level error line of its own."""
+    loop = asyncio.get_running_loop()
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        with socket.socket(family, kind, proto) as probe:
+            # As grpc's own listener: a port held only by TIME_WAIT connections is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+            probe.listen()
 
 
 async def _start_metrics(host: str, metrics_port: int | None) -> tuple[Any, int | None]:
@@ -266,6 +290,7 @@ async def serve_until_signal(
 
     names = _check_environments(environments)
     ssl_context = _https_context(config.tls_cert, config.tls_key)
+    await _bind("gRPC", host, port, _probe_port(host, port))
     server, bound_port = await _bind(
         "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config)
     )
