@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
 import socket
 import ssl
 import sys
-from typing import Any, Awaitable, Callable, NoReturn, Sequence
+from typing import Any, Awaitable, Callable, Iterator, NoReturn, Sequence
 
 __all__ = ["main"]
 
@@ -31,13 +33,11 @@ DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
-
-logger = logging.getLogger("ors_grpc.cli")
-
-
 EXIT_STARTUP_ERROR = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LOG_LEVEL = "INFO"
+
+logger = logging.getLogger("ors_grpc.cli")
 
 
 class StartupError(Exception):
@@ -59,7 +59,7 @@ def load_environment(spec: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise  # the user's module imports something missing: show where
         raise StartupError(f"cannot import {module_name!r}: {exc}") from None
     try:
@@ -112,8 +112,8 @@ def _positive_number(kind: type) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not (0 < value < math.inf):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
         return value
 
     parse.__name__ = kind.__name__
@@ -205,14 +205,16 @@ def _announce(door: str, host: str, port: int) -> None:
     print(f"{door} listening on {host}:{port}", flush=True)
 
 
-async def wait_for_stop_signal() -> None:
-    """Return once SIGINT or SIGTERM arrives."""
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event that SIGINT or SIGTERM sets from now on. Taken before any door
+    is announced, so a signal sent right after an announcement stops gracefully."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
@@ -298,20 +300,21 @@ async def serve_until_signal(
     metrics_runner: Any = None
     bound_http_port: int | None = None
     try:
-        if http_port is not None:
-            from http_bridge import start_bridge
+        with _stop_signals() as stop:
+            if http_port is not None:
+                from http_bridge import start_bridge
 
-            # Same process: the bridge calls the service without a socket.
-            runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
-                _local_target(host, bound_port), host, http_port,
-                channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
-                ssl_context=ssl_context,
-            ))
-        metrics_runner, bound_metrics_port = await _start_metrics(host, metrics_port)
-        scheme = "https://" if ssl_context else "http://"
-        _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
-                        scheme=scheme, serving=_serving_line(names))
-        await wait_for_stop_signal()
+                # Same process: the bridge calls the service without a socket.
+                runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
+                    _local_target(host, bound_port), host, http_port,
+                    channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
+                    ssl_context=ssl_context,
+                ))
+            metrics_runner, bound_metrics_port = await _start_metrics(host, metrics_port)
+            scheme = "https://" if ssl_context else "http://"
+            _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
+                            scheme=scheme, serving=_serving_line(names))
+            await stop.wait()
     finally:
         # All at once: an HTTP call waiting on a running tool ends when the
         # gRPC stop cancels its stream after the grace period; stopping HTTP
@@ -374,11 +377,12 @@ async def _bridge(args: argparse.Namespace) -> None:
     ))
     metrics_runner = None
     try:
-        metrics_runner, metrics_port = await _start_metrics(args.host, args.metrics_port)
-        scheme = "https://" if ssl_context else "http://"
-        _announce_doors(args.host, None, http_port, metrics_port,
-                        scheme=scheme, serving=f"bridging onto gRPC backend {args.backend}")
-        await wait_for_stop_signal()
+        with _stop_signals() as stop:
+            metrics_runner, metrics_port = await _start_metrics(args.host, args.metrics_port)
+            scheme = "https://" if ssl_context else "http://"
+            _announce_doors(args.host, None, http_port, metrics_port,
+                            scheme=scheme, serving=f"bridging onto gRPC backend {args.backend}")
+            await stop.wait()
     finally:
         await runner.cleanup()
         if metrics_runner is not None:

@@ -178,11 +178,19 @@ def test_an_error_in_the_users_own_module_shows_its_traceback(tmp_path: Path) ->
     assert "Traceback" in result.stderr and "broken_env.py" in result.stderr and "JSONDecodeError" in result.stderr
 
 
-def test_a_missing_dependency_of_the_users_module_shows_where_it_is_imported(tmp_path: Path) -> None:
-    write_module(tmp_path, "needs_dependency", "import no_such_dependency_here\n")
+@pytest.mark.parametrize("missing", ["no_such_dependency_here", "needs"])  # "needs": a prefix of the module's name
+def test_a_missing_dependency_of_the_users_module_shows_where_it_is_imported(tmp_path: Path, missing: str) -> None:
+    write_module(tmp_path, "needs_dependency", f"import {missing}\n")
     result = run_cli("serve", "needs_dependency:Env", cwd=tmp_path)
     assert result.returncode != 0 and result.stdout == ""
-    assert "needs_dependency.py" in result.stderr and "No module named 'no_such_dependency_here'" in result.stderr
+    assert "Traceback" in result.stderr and "needs_dependency.py" in result.stderr
+    assert f"No module named '{missing}'" in result.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [("--session-timeout", "0"), ("--max-sessions", "-3"),
+                                               ("--tool-timeout", "nan"), ("--max-message-bytes", "lots")])
+def test_a_limit_that_is_not_a_positive_number_is_refused(option: str, value: str) -> None:
+    assert_startup_error(run_cli("serve", option, value), option, value)
 
 
 # TLS -------------------------------------------------------------------------
