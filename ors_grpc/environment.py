@@ -110,9 +110,10 @@ def _tool_signature_problem(fn: Callable[..., Any]) -> str | None:
         return f"it takes {len(params)} arguments ({', '.join(p.name for p in params)})"
     if params:
         param = params[0]
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            stars = "*" if param.kind is param.VAR_POSITIONAL else "**"
-            return f"its argument `{stars}{param.name}` is variadic"
+        # The input model is passed positionally (as under the reference).
+        if param.kind in (param.VAR_KEYWORD, param.KEYWORD_ONLY):
+            stars = "**" if param.kind is param.VAR_KEYWORD else ""
+            return f"its argument `{stars}{param.name}` cannot be passed positionally"
         annotation = hints.get(param.name)
         if annotation is None:
             return f"its argument `{param.name}` has no annotation"

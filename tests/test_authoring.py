@@ -208,6 +208,10 @@ def _variadic(self, **params: NumberInput) -> ToolOutput:
     raise AssertionError("never called")
 
 
+def _keyword_only(self, *, params: NumberInput) -> ToolOutput:
+    raise AssertionError("never called")
+
+
 @pytest.mark.parametrize(
     ("method", "problem"),
     [
@@ -216,10 +220,11 @@ def _variadic(self, **params: NumberInput) -> ToolOutput:
         (tool(_two_models), "it takes 2 arguments (a, b)"),
         (tool(_returns_str), "it is annotated `-> str`"),
         (tool(_unannotated), "its argument `params` has no annotation"),
-        (tool(_variadic), "its argument `**params` is variadic"),
+        (tool(_variadic), "its argument `**params` cannot be passed positionally"),
+        (tool(_keyword_only), "its argument `params` cannot be passed positionally"),
         (tool(shared=False)(_plain_int), "its argument `n` is a `int`, not a pydantic BaseModel"),
     ],
-    ids=["no-return", "plain-int", "two-models", "returns-str", "unannotated", "variadic", "task-tool"],
+    ids=["no-return", "plain-int", "two-models", "returns-str", "unannotated", "variadic", "keyword-only", "task-tool"],
 )
 def test_a_tool_signature_that_cannot_work_is_an_error_naming_method_and_rule(method, problem: str) -> None:
     # The reference drops such a method without a word; the environment then lacks a tool its author wrote.
@@ -230,6 +235,17 @@ def test_a_tool_signature_that_cannot_work_is_an_error_naming_method_and_rule(me
         f"tool Broken.broken: {problem}; "
         "a @tool takes no argument or one pydantic BaseModel and is annotated `-> ToolOutput`"
     )
+
+
+async def test_a_tool_taking_its_model_as_star_args_works_as_under_the_reference() -> None:
+    @tool
+    def double(self, *params: NumberInput) -> ToolOutput:
+        return ToolOutput(blocks=[TextBlock(text=str(2 * params[0].n))])
+
+    env_cls = type("StarArgs", (AuthoredEnv,), {"double": double})
+    assert "double" in {spec.name for spec in env_cls.list_tools().tools}
+    result = await env_cls({}, {})._call_tool("double", {"n": 4})
+    assert result.root.output.blocks[0].text == "8"
 
 
 def test_a_toolset_tool_with_a_signature_that_cannot_work_is_an_error() -> None:
