@@ -201,10 +201,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _announce(door: str, host: str, port: int) -> None:
-    print(f"{door} listening on {host}:{port}", flush=True)
-
-
 @contextlib.contextmanager
 def _stop_signals() -> Iterator[asyncio.Event]:
     """An event that SIGINT or SIGTERM sets from now on. Taken before any door
