@@ -9,6 +9,7 @@ become HTTP statuses in the one error middleware (through
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 from dataclasses import dataclass
@@ -147,16 +148,30 @@ async def limit_body(request: web.Request, handler: Handler) -> web.StreamRespon
 
 @web.middleware
 async def default_env_redirect(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """308 from a bare path to the default (first) environment's, as the reference does."""
-    first_segment = request.path.strip("/").split("/", 1)[0].lower()
+    """308 from a bare environment route (`/tools`, `/call`, ...) to the default (first)
+    environment's, as the reference does; 404 naming the hosted environments for
+    `/{unknown}/...`, where the reference's 308 would lead to a bare 404."""
+    segments = request.path.strip("/").split("/")
+    first_segment = segments[0].lower()
     if first_segment not in ROOT_SEGMENTS:
         names = await request.app[ENV_NAMES].get(call_metadata(request))
         if names and first_segment not in names:
-            location = f"/{names[0]}{request.rel_url.raw_path}"
-            if request.query_string:
-                location += f"?{request.query_string}"
-            raise web.HTTPPermanentRedirect(location)
+            if len(segments) == 1 and first_segment in _env_route_names():
+                location = f"/{names[0]}{request.rel_url.raw_path}"
+                if request.query_string:
+                    location += f"?{request.query_string}"
+                raise web.HTTPPermanentRedirect(location)
+            if len(segments) > 1:
+                hosted = ", ".join(names)
+                return _json({"detail": f"unknown environment {segments[0]!r}; this server hosts: {hosted}"}, 404)
     return await handler(request)
+
+
+@functools.cache
+def _env_route_names() -> frozenset[str]:
+    """The routes under `/{env}/` (tools, splits, call, ...): their bare forms redirect."""
+    prefix = "/{env}/"
+    return frozenset(route.path[len(prefix):] for route in _routes() if route.path.startswith(prefix))
 
 
 # --------------------------------------------------------------------------

@@ -5,22 +5,27 @@
 
 Both take `--metrics-port P` to serve Prometheus metrics at /metrics.
 
-Each door prints `gRPC listening on HOST:PORT` / `HTTP listening on HOST:PORT`
-(then `metrics listening on HOST:PORT`) once it accepts connections (port 0 picks a free port). SIGINT and SIGTERM
-stop gracefully: no new work, every session torn down, exit status 0.
+Once every door accepts connections, each prints `gRPC listening on HOST:PORT` /
+`HTTP listening on HOST:PORT` / `metrics listening on HOST:PORT` (port 0 picks a free port), then one line names
+the environments and doors. SIGINT and SIGTERM stop gracefully: no new work, every session torn down, exit status 0.
+A startup mistake (a bad environment or port, a port in use, a TLS file missing) is one line on stderr and exit
+status 2; nothing is announced before every door is bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
+import math
 import os
 import signal
+import socket
 import ssl
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterator, NoReturn, Sequence
 
 from .warm_pool import DEFAULT_WARM_TTL_S
 
@@ -30,77 +35,187 @@ DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
+EXIT_STARTUP_ERROR = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_LOG_LEVEL = "INFO"
 
 logger = logging.getLogger("ors_grpc.cli")
 
 
+class StartupError(Exception):
+    """A mistake in how the command was started: `main` prints it as one line and exits with status 2."""
+
+
 def load_environment(spec: str) -> type:
-    """Import `module.path:ClassName` (the current directory is importable)."""
+    """Import `module.path:ClassName` (the current directory is importable).
+
+    An exception raised while the module itself runs propagates, with the
+    traceback into the user's own code."""
+    from .environment import Environment
+
     module_name, sep, class_name = spec.partition(":")
     if not sep or not module_name or not class_name:
-        raise SystemExit(f"environment must look like module.path:ClassName, got {spec!r}")
+        raise StartupError(f"environment must look like module.path:ClassName, got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SystemExit(f"cannot import {module_name!r}: {exc}") from None
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise  # the user's module imports something missing: show where
+        raise StartupError(f"cannot import {module_name!r}: {exc}") from None
     try:
-        return getattr(module, class_name)
+        found = getattr(module, class_name)
     except AttributeError:
-        raise SystemExit(f"module {module_name!r} has no attribute {class_name!r}") from None
+        raise StartupError(f"module {module_name!r} has no attribute {class_name!r}") from None
+    if not (isinstance(found, type) and issubclass(found, Environment)):
+        hint = ""
+        if isinstance(found, type) and any(base.__module__.split(".")[0] == "ors" for base in found.__mro__):
+            hint = " (it subclasses the reference SDK's: import Environment from ors_grpc instead of ors)"
+        raise StartupError(f"{spec} is not a subclass of ors_grpc.Environment{hint}")
+    return found
+
+
+def _check_environments(environments: Sequence[type]) -> list[str]:
+    """The names the environments are served under; a StartupError for one that cannot be served
+    (no tools, a @tool with a signature that cannot work, no splits, a duplicate name)."""
+    from .environment import ToolSignatureError
+    from .service import environment_map
+
+    try:
+        return list(environment_map(environments))
+    except (ToolSignatureError, TypeError, ValueError) as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range 0-65535")
+    return port
+
+
+def _backend_target(text: str) -> str:
+    """An argparse type: HOST:PORT with a valid port."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"backend must look like HOST:PORT, got {text!r}")
+    _port(port)
+    return text
+
+
+def _positive_number(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (0 < value < math.inf):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """A usage mistake is one line on stderr (and exit status 2), pointing at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_STARTUP_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in its help, unless it has none or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ors-grpc", description="Open Reward Standard over gRPC.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    commands = parser.add_subparsers(dest="command", required=True)
+    formatter = _HelpFormatter
+    parser = _ArgumentParser(
+        prog="ors-grpc", description="Open Reward Standard over gRPC.", formatter_class=formatter
+    )
+    log_level = {"type": str.upper, "choices": LOG_LEVELS, "metavar": "LEVEL"}
+    levels = ", ".join(LOG_LEVELS)
+    parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL, help=f"logging level on stderr: {levels}", **log_level)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bridge}")
+    # Subcommand options too (`ors-grpc serve --log-level DEBUG`); SUPPRESS
+    # keeps the main parser's value when it is not given here.
+    sub_log_level = {
+        "default": argparse.SUPPRESS, "help": f"logging level on stderr: {levels} (default: {DEFAULT_LOG_LEVEL})",
+        **log_level,
+    }
 
-    serve = commands.add_parser("serve", help="serve environments over gRPC (and HTTP with --http-port)")
-    serve.add_argument("environments", nargs="*", metavar="ENV",
-                       help=f"module.path:ClassName; the first is the default (default {DEFAULT_ENVIRONMENT})")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", "--grpc-port", dest="port", type=int, default=50051, help="gRPC port")
-    serve.add_argument("--http-port", type=int, default=None, help="also serve the HTTP/SSE bridge on this port")
+    serve = commands.add_parser(
+        "serve", help="serve environments over gRPC (and HTTP with --http-port)", formatter_class=formatter,
+        description="Serve environments over gRPC, and the ORS HTTP/SSE API with --http-port.",
+    )
+    serve.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
+                       help="module.path:ClassName of an environment to serve; the first is the default one "
+                       f"(default: {DEFAULT_ENVIRONMENT})")
+    serve.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
+    serve.add_argument("--port", "--grpc-port", dest="port", type=_port, default=50051, metavar="PORT",
+                       help="gRPC port (0: any free port)")
+    serve.add_argument("--http-port", type=_port, metavar="PORT", default=None,
+                       help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
+    serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
-    serve.add_argument("--session-timeout", type=float, default=900.0, help="seconds before an idle session is reaped")
-    serve.add_argument("--max-sessions", type=int, default=None)
-    serve.add_argument("--tool-timeout", type=float, default=None, help="seconds a tool call may run")
-    serve.add_argument("--warm-ttl", type=float, default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
-                       help="seconds an episode prepared ahead is held unclaimed once set up"
-                            f" (default {DEFAULT_WARM_TTL_S:g})")
-    serve.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
-    serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
-    serve.add_argument("--tls-key", default=None, help="PEM private key file")
-    serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    serve.add_argument("--session-timeout", type=_positive_number(float), default=900.0, metavar="SECONDS",
+                       help="seconds before an idle session is reaped")
+    serve.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
+                       help="most episodes open at once; more fail with TOO_MANY_SESSIONS (default: no limit)")
+    serve.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
+                       help="seconds a tool call may run (default: no limit)")
+    serve.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
+                       help="seconds an episode prepared ahead is held unclaimed once set up")
+    serve.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
+                       metavar="BYTES", help="largest gRPC message and HTTP body, either way")
+    serve.add_argument("--tls-cert", default=None, metavar="FILE",
+                       help="PEM certificate chain: serve TLS on the gRPC and HTTP doors (needs --tls-key)")
+    serve.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
+    serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
 
-    bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
-    bridge.add_argument("--backend", required=True, metavar="HOST:PORT")
-    bridge.add_argument("--host", default="127.0.0.1")
-    bridge.add_argument("--http-port", type=int, default=8080)
-    bridge.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
-                        help="largest gRPC message either way (as serve's --max-message-bytes)")
-    bridge.add_argument("--max-body-bytes", type=int, default=None,
-                        help="largest request body (default: --max-message-bytes)")
-    bridge.add_argument("--tls-cert", default=None, help="PEM certificate chain file: serve HTTPS")
-    bridge.add_argument("--tls-key", default=None, help="PEM private key file")
+    bridge = commands.add_parser(
+        "bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend", formatter_class=formatter,
+        description="Serve the ORS HTTP/SSE API, translating each request onto a remote gRPC backend.",
+    )
+    bridge.add_argument("--backend", required=True, type=_backend_target, metavar="HOST:PORT",
+                        help="the ors-grpc gRPC backend (or a load balancer in front of several)")
+    bridge.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
+    bridge.add_argument("--http-port", type=_port, metavar="PORT", default=8080, help="HTTP port (0: any free port)")
+    bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
+    bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
+                        metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
+    bridge.add_argument("--max-body-bytes", type=_positive_number(int), default=None,
+                        metavar="BYTES", help="largest HTTP request body (default: --max-message-bytes)")
+    bridge.add_argument("--tls-cert", default=None, metavar="FILE",
+                        help="PEM certificate chain: serve HTTPS (needs --tls-key)")
+    bridge.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
     bridge.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
                         help="reach the backend over TLS, trusting this PEM root certificate")
-    bridge.add_argument("--backend-tls-server-name", default=None,
+    bridge.add_argument("--backend-tls-server-name", default=None, metavar="NAME",
                         help="the name to check in the backend's certificate (default: the backend host)")
-    bridge.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    bridge.add_argument("--log-level", **sub_log_level)
     _add_http_limits(bridge)
     return parser
 
 
 def _add_http_limits(parser: argparse.ArgumentParser) -> None:
     """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
-    parser.add_argument("--http-header-timeout", type=float, default=30.0, metavar="S",
+    parser.add_argument("--http-header-timeout", type=_positive_number(float), default=30.0, metavar="SECONDS",
                         help="seconds a connection may take to send a request head (and stay idle between requests)")
-    parser.add_argument("--http-body-timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--http-body-timeout", type=_positive_number(float), default=60.0, metavar="SECONDS",
                         help="seconds a request body may take to arrive")
-    parser.add_argument("--http-max-connections", type=int, default=None, metavar="N",
+    parser.add_argument("--http-max-connections", type=_positive_number(int), default=None, metavar="N",
                         help="open HTTP connections at most (default: 3/4 of the file descriptor limit, "
                              "at most 10,000); more are answered 503")
 
@@ -112,18 +227,16 @@ def _http_limits(args: argparse.Namespace) -> Any:
                       max_connections=args.http_max_connections)
 
 
-def _announce(door: str, host: str, port: int) -> None:
-    print(f"{door} listening on {host}:{port}", flush=True)
-
-
-async def wait_for_stop_signal() -> None:
-    """Return once SIGINT or SIGTERM arrives."""
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event that SIGINT or SIGTERM sets from now on. Taken before any door
+    is announced, so a signal sent right after an announcement stops gracefully."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
@@ -136,15 +249,58 @@ def _local_target(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def _start_metrics(host: str, metrics_port: int | None) -> Any:
-    """The Prometheus /metrics server when asked for, announced like the doors."""
+async def _bind(door: str, host: str, port: int, start: Awaitable[Any]) -> Any:
+    """Await a door's `start`; a port that cannot be bound is a StartupError naming the door."""
+    try:
+        return await start
+    except OSError as exc:
+        # asyncio's strerror is "error while attempting to bind on address (...): address already in use".
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        reason = reason[:1].lower() + reason[1:]
+        raise StartupError(f"{door} door: cannot listen on {host}:{port}: {reason}") from None
+
+
+async def _probe_port(host: str, port: int) -> None:
+    """Raise OSError if `port` on `host` cannot be listened on (taken by another program, `host`
+    unknown or not an address of this host). For the gRPC door: grpc reports only that binding
+    failed, after logging a C-level error line of its own."""
+    loop = asyncio.get_running_loop()
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        with socket.socket(family, kind, proto) as probe:
+            # As grpc's own listener: a port held only by TIME_WAIT connections is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+            probe.listen()
+
+
+async def _start_metrics(host: str, metrics_port: int | None) -> tuple[Any, int | None]:
+    """The Prometheus /metrics server and its port when asked for, else (None, None)."""
     if metrics_port is None:
-        return None
+        return None, None
     from .metrics import start_metrics_server
 
-    runner, bound_port = await start_metrics_server(host, metrics_port)
-    _announce("metrics", host, bound_port)
-    return runner
+    return await _bind("metrics", host, metrics_port, start_metrics_server(host, metrics_port))
+
+
+def _announce_doors(host: str, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
+                    *, scheme: str, serving: str) -> None:
+    """Once every door is bound: `DOOR listening on HOST:PORT` for each (tools parse these lines),
+    then one line for people, naming what is served and where."""
+    doors = [("gRPC", grpc_port, ""), ("HTTP", http_port, scheme), ("metrics", metrics_port, "http://")]
+    where = []
+    for door, port, prefix in doors:
+        if port is not None:
+            print(f"{door} listening on {host}:{port}", flush=True)
+            suffix = "/metrics" if door == "metrics" else ""
+            where.append(f"{door} {prefix}{host}:{port}{suffix}")
+    print(f"{serving}: {', '.join(where)}", flush=True)
+
+
+def _serving_line(names: Sequence[str]) -> str:
+    first, *others = names
+    return "serving " + ", ".join([f"{first} (default)", *others])
 
 
 async def serve_until_signal(
@@ -152,30 +308,37 @@ async def serve_until_signal(
     metrics_port: int | None = None, http_limits: Any = None,
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
-    announcing each door on stdout; then stop gracefully. With TLS both
-    doors serve it, from the same certificate and key."""
+    announcing the doors on stdout once all are bound; then stop gracefully.
+    With TLS both doors serve it, from the same certificate and key."""
     from .server import create_server, in_process_channel
 
-    server, bound_port = await create_server(environments, f"{host}:{port}", config=config)
-    _announce("gRPC", host, bound_port)
+    names = _check_environments(environments)
+    ssl_context = _https_context(config.tls_cert, config.tls_key)
+    await _bind("gRPC", host, port, _probe_port(host, port))
+    server, bound_port = await _bind(
+        "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config)
+    )
     runner: Any = None
     metrics_runner: Any = None
+    bound_http_port: int | None = None
     try:
-        if http_port is not None:
-            from http_bridge import start_bridge
+        with _stop_signals() as stop:
+            if http_port is not None:
+                from http_bridge import start_bridge
 
-            # Same process: the bridge calls the service without a socket
-            # (the in-process channel and the service keep the message limit).
-            limits = {} if http_limits is None else {"http_limits": http_limits}
-            runner, bound_http_port = await start_bridge(
-                _local_target(host, bound_port), host, http_port,
-                channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
-                max_message_bytes=config.max_message_bytes,
-                ssl_context=_https_context(config.tls_cert, config.tls_key), **limits,
-            )
-            _announce("HTTP", host, bound_http_port)
-        metrics_runner = await _start_metrics(host, metrics_port)
-        await wait_for_stop_signal()
+                # Same process: the bridge calls the service without a socket
+                # (the in-process channel and the service keep the message limit).
+                limits = {} if http_limits is None else {"http_limits": http_limits}
+                runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
+                    _local_target(host, bound_port), host, http_port,
+                    channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
+                    max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, **limits,
+                ))
+            metrics_runner, bound_metrics_port = await _start_metrics(host, metrics_port)
+            scheme = "https://" if ssl_context else "http://"
+            _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
+                            scheme=scheme, serving=_serving_line(names))
+            await stop.wait()
     finally:
         # All at once: an HTTP call waiting on a running tool ends when the
         # gRPC stop cancels its stream after the grace period; stopping HTTP
@@ -186,14 +349,27 @@ async def serve_until_signal(
 
 
 def _https_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """A server TLS context from PEM files, or None without them."""
+    """A server TLS context from PEM files, or None without them; a StartupError when they cannot serve."""
     if not cert and not key:
         return None
     if not (cert and key):
-        raise SystemExit("TLS needs both --tls-cert and --tls-key")
+        raise StartupError("TLS needs both --tls-cert and --tls-key")
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        _check_readable(option, path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise StartupError(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its key ({exc})") from None
     return context
+
+
+def _check_readable(option: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise StartupError(f"{option} {path}: {exc.strerror}") from None
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -217,33 +393,49 @@ async def _serve(args: argparse.Namespace) -> None:
 async def _bridge(args: argparse.Namespace) -> None:
     from http_bridge import start_bridge
 
-    runner, http_port = await start_bridge(
+    ssl_context = _https_context(args.tls_cert, args.tls_key)
+    if args.backend_tls_root_cert:
+        _check_readable("--backend-tls-root-cert", args.backend_tls_root_cert)
+    runner, http_port = await _bind("HTTP", args.host, args.http_port, start_bridge(
         args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes or args.max_message_bytes,
-        max_message_bytes=args.max_message_bytes, http_limits=_http_limits(args),
-        ssl_context=_https_context(args.tls_cert, args.tls_key),
+        max_message_bytes=args.max_message_bytes, http_limits=_http_limits(args), ssl_context=ssl_context,
         tls_root_cert=args.backend_tls_root_cert, tls_server_name=args.backend_tls_server_name,
-    )
-    _announce("HTTP", args.host, http_port)
+    ))
     metrics_runner = None
     try:
-        metrics_runner = await _start_metrics(args.host, args.metrics_port)
-        await wait_for_stop_signal()
+        with _stop_signals() as stop:
+            metrics_runner, metrics_port = await _start_metrics(args.host, args.metrics_port)
+            scheme = "https://" if ssl_context else "http://"
+            _announce_doors(args.host, None, http_port, metrics_port,
+                            scheme=scheme, serving=f"bridging onto gRPC backend {args.backend}")
+            await stop.wait()
     finally:
         await runner.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def _configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=level,
         stream=sys.stderr,
         format="time=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
     )
+    # grpc's asyncio layer logs `Loaded running loop` at DEBUG for every
+    # call: at DEBUG it would drown the server's own lines.
+    logging.getLogger("grpc._cython.cygrpc").setLevel(max(logging.INFO, logging.getLevelName(level)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    _configure_logging(args.log_level)
     command = _serve if args.command == "serve" else _bridge
-    with asyncio.Runner(loop_factory=_fastest_event_loop()) as runner:
-        runner.run(command(args))
+    try:
+        with asyncio.Runner(loop_factory=_fastest_event_loop()) as runner:
+            runner.run(command(args))
+    except StartupError as exc:
+        print(f"ors-grpc {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_STARTUP_ERROR)
     _exit_despite_stuck_user_code()
 
 

@@ -43,7 +43,7 @@ from .types import (
 )
 from .user_code import run_user_code
 
-__all__ = ["Environment", "tool"]
+__all__ = ["Environment", "ToolSignatureError", "tool"]
 
 logger = logging.getLogger("ors_grpc.environment")
 
@@ -87,6 +87,53 @@ def _introspect_function(func: Callable[..., Any], bound: bool) -> tuple[Any, di
         # What inspect.signature(<bound method>) leaves out: the first parameter.
         params = params[1:]
     return real, hints, [p for p in params if p.name != "self"]
+
+
+class ToolSignatureError(TypeError):
+    """A @tool method whose signature cannot work (the reference SDK drops such a method without a word)."""
+
+
+TOOL_SIGNATURE_RULE = "a @tool takes no argument or one pydantic BaseModel and is annotated `-> ToolOutput`"
+
+
+def _tool_signature_problem(fn: Callable[..., Any]) -> str | None:
+    """What is wrong with a @tool's signature (see TOOL_SIGNATURE_RULE), or None."""
+    try:
+        _, hints, params = _introspect_tool(fn)
+    except Exception as exc:  # get_type_hints: a name in an annotation that does not resolve
+        return f"its annotations cannot be resolved ({type(exc).__name__}: {exc})"
+    if "return" not in hints:
+        return "it has no return annotation"
+    if hints["return"] != ToolOutput:
+        return f"it is annotated `-> {_annotation_name(hints['return'])}`"
+    if len(params) > 1:
+        return f"it takes {len(params)} arguments ({', '.join(p.name for p in params)})"
+    if params:
+        param = params[0]
+        # The input model is passed positionally (as under the reference).
+        if param.kind in (param.VAR_KEYWORD, param.KEYWORD_ONLY):
+            stars = "**" if param.kind is param.VAR_KEYWORD else ""
+            return f"its argument `{stars}{param.name}` cannot be passed positionally"
+        annotation = hints.get(param.name)
+        if annotation is None:
+            return f"its argument `{param.name}` has no annotation"
+        if not (inspect.isclass(annotation) and issubclass(annotation, BaseModel)):
+            return f"its argument `{param.name}` is a `{_annotation_name(annotation)}`, not a pydantic BaseModel"
+    return None
+
+
+def _annotation_name(annotation: Any) -> str:
+    return annotation.__name__ if inspect.isclass(annotation) else str(annotation)
+
+
+def _check_tool_signatures(owner: type) -> None:
+    """Raise ToolSignatureError for the first @tool of `owner` (an environment or a toolset) that cannot work."""
+    for name in dir(owner):
+        fn = getattr(owner, name, None)
+        if callable(fn) and getattr(fn, "_env_tool", False):
+            problem = _tool_signature_problem(fn)
+            if problem is not None:
+                raise ToolSignatureError(f"tool {owner.__name__}.{name}: {problem}; {TOOL_SIGNATURE_RULE}")
 
 
 def _tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
@@ -193,7 +240,12 @@ class Environment(ABC):
     @classmethod
     @functools.cache
     def list_tools(cls) -> ListToolsOutput:
-        """The shared tools of this class and its toolsets (cached per class)."""
+        """The shared tools of this class and its toolsets (cached per class).
+
+        A @tool whose signature cannot work (shared or not) raises
+        ToolSignatureError, naming the method and the rule it breaks."""
+        for owner in (cls, *cls.toolsets):
+            _check_tool_signatures(owner)
         out: list[ToolSpec] = []
         env_tool_names: set[str] = set()
         for name in dir(cls):

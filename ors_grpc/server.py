@@ -8,6 +8,7 @@ the server has stopped accepting work.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import inspect
 import logging
@@ -261,6 +262,8 @@ async def create_server(
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.max_receive_message_length", config.max_message_bytes),
             *BURST_OPTIONS,
+            # A port another process listens on is an error, not shared.
+            ("grpc.so_reuseport", 0),
         ],
     )
     pb_grpc.add_EnvironmentServiceServicer_to_server(service, server)
@@ -275,12 +278,15 @@ async def create_server(
         [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
     credentials = _server_credentials(config)
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {address}")
+        raise OSError(errno.EADDRINUSE, "address in use, or not an address of this host", address)
     await server.start()
     sessions.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

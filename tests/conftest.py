@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from typing import Any, AsyncIterator, Sequence
 
 import grpc
@@ -15,6 +16,7 @@ from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.errors import ERROR_REASON_METADATA_KEY
 from ors_grpc.server import ServerConfig, create_server
 from tests.environments import EchoEnv, FailingSetupEnv, SlowSetupEnv
+from tests.tooling import NO_SKIP_ENV
 
 TEST_ENVIRONMENTS = [EchoEnv, SlowSetupEnv, FailingSetupEnv]
 
@@ -87,3 +89,14 @@ async def expect_error(awaitable: Any) -> grpc.aio.AioRpcError:
         else:
             await awaitable
     return caught.value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Under ORS_TESTS_NO_SKIP=1 (set by .ci/run) a skipped test fails, with its skip reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get(NO_SKIP_ENV) == "1" and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but {NO_SKIP_ENV}=1 makes every skip a failure: " + reason.removeprefix("Skipped: ")

@@ -146,14 +146,6 @@ class AuthoredEnv(Environment):
     def private(self) -> ToolOutput:
         return ToolOutput(blocks=[TextBlock(text="private")])
 
-    @tool
-    def not_a_tool_two_params(self, a: NumberInput, b: NumberInput) -> ToolOutput:
-        raise AssertionError("never listed nor called")
-
-    @tool
-    def not_a_tool_no_return(self):
-        raise AssertionError("never listed nor called")
-
 
 def test_tool_listing_follows_the_reference_rules() -> None:
     tools = {spec.name: spec for spec in AuthoredEnv.list_tools().tools}
@@ -186,10 +178,83 @@ async def test_index_defaults_and_async_hooks_over_grpc() -> None:
         assert event.result.output.blocks[0].text.text == "42"
         _, event = await call_tool(stub, sid, "private")  # callable though not listed
         assert event.result.output.blocks[0].text.text == "private"
-        _, event = await call_tool(stub, sid, "not_a_tool_two_params", {})
-        assert event.result.error == "'not_a_tool_two_params' is not a valid tool"
+        _, event = await call_tool(stub, sid, "teardown", {})  # a method, not a tool
+        assert event.result.error == "'teardown' is not a valid tool"
         await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
     assert AuthoredEnv.teardowns == ["done"]
+
+
+def _no_return(self):  # type: ignore[no-untyped-def]
+    raise AssertionError("never called")
+
+
+def _plain_int(self, n: int) -> ToolOutput:
+    raise AssertionError("never called")
+
+
+def _two_models(self, a: NumberInput, b: NumberInput) -> ToolOutput:
+    raise AssertionError("never called")
+
+
+def _returns_str(self) -> str:
+    raise AssertionError("never called")
+
+
+def _unannotated(self, params) -> ToolOutput:  # type: ignore[no-untyped-def]
+    raise AssertionError("never called")
+
+
+def _variadic(self, **params: NumberInput) -> ToolOutput:
+    raise AssertionError("never called")
+
+
+def _keyword_only(self, *, params: NumberInput) -> ToolOutput:
+    raise AssertionError("never called")
+
+
+@pytest.mark.parametrize(
+    ("method", "problem"),
+    [
+        (tool(_no_return), "it has no return annotation"),
+        (tool(_plain_int), "its argument `n` is a `int`, not a pydantic BaseModel"),
+        (tool(_two_models), "it takes 2 arguments (a, b)"),
+        (tool(_returns_str), "it is annotated `-> str`"),
+        (tool(_unannotated), "its argument `params` has no annotation"),
+        (tool(_variadic), "its argument `**params` cannot be passed positionally"),
+        (tool(_keyword_only), "its argument `params` cannot be passed positionally"),
+        (tool(shared=False)(_plain_int), "its argument `n` is a `int`, not a pydantic BaseModel"),
+    ],
+    ids=["no-return", "plain-int", "two-models", "returns-str", "unannotated", "variadic", "keyword-only", "task-tool"],
+)
+def test_a_tool_signature_that_cannot_work_is_an_error_naming_method_and_rule(method, problem: str) -> None:
+    # The reference drops such a method without a word; the environment then lacks a tool its author wrote.
+    broken = type("Broken", (AuthoredEnv,), {"broken": method})
+    with pytest.raises(ors_grpc.environment.ToolSignatureError) as caught:
+        broken.list_tools()
+    assert str(caught.value) == (
+        f"tool Broken.broken: {problem}; "
+        "a @tool takes no argument or one pydantic BaseModel and is annotated `-> ToolOutput`"
+    )
+
+
+async def test_a_tool_taking_its_model_as_star_args_works_as_under_the_reference() -> None:
+    @tool
+    def double(self, *params: NumberInput) -> ToolOutput:
+        return ToolOutput(blocks=[TextBlock(text=str(2 * params[0].n))])
+
+    env_cls = type("StarArgs", (AuthoredEnv,), {"double": double})
+    assert "double" in {spec.name for spec in env_cls.list_tools().tools}
+    result = await env_cls({}, {})._call_tool("double", {"n": 4})
+    assert result.root.output.blocks[0].text == "8"
+
+
+def test_a_toolset_tool_with_a_signature_that_cannot_work_is_an_error() -> None:
+    class BrokenToolset(Toolset):
+        plain_int = tool(_plain_int)
+
+    broken = type("WithBrokenToolset", (AuthoredEnv,), {"toolsets": [Shout, BrokenToolset]})
+    with pytest.raises(ors_grpc.environment.ToolSignatureError, match=r"^tool BrokenToolset.plain_int: its argument"):
+        broken.list_tools()
 
 
 async def test_tool_returning_the_wrong_type_fails() -> None:

@@ -92,9 +92,12 @@ async def test_bare_paths_redirect_to_the_default_environment(http: aiohttp.Clie
         assert response.headers["Location"] == "/echoenv/tools?x=1"
     async with http.post("/tasks", json={"split": "test"}) as response:  # follows the 308, body kept
         assert await response.json() == {"tasks": TEST_TASKS, "env_name": "echoenv"}
-    async with http.get("/nowhere/tools") as response:
+    async with http.get("/nowhere/tools", allow_redirects=False) as response:  # a typo: no 308 but the names
         assert response.status == 404
-        assert await response.json() == {"detail": "Not Found"}
+        hosted = ", ".join(await (await http.get("/list_environments")).json())
+        assert await response.json() == {"detail": f"unknown environment 'nowhere'; this server hosts: {hosted}"}
+    async with http.get("/nowhere", allow_redirects=False) as response:  # not a route: no 308 either
+        assert (response.status, await response.json()) == (404, {"detail": "Not Found"})
 
 
 async def test_discovery_tolerates_a_session_header(http: aiohttp.ClientSession) -> None:

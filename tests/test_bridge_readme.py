@@ -1,4 +1,4 @@
-"""The README's HTTP quickstart (curl and ors.client) runs as written against `ors-grpc serve --http-port`."""
+"""The README's HTTP quickstart (curl, ors.client and openreward) runs as written against `ors-grpc serve --http-port`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import io
 import re
 import shutil
 import subprocess
+import sys
 from typing import Iterator
 
 import pytest
@@ -45,13 +46,28 @@ def test_the_curl_episode(serve: ServeProcess) -> None:
 
 
 def test_the_ors_client_episode(serve: ServeProcess) -> None:
-    client = _blocks("python")[0].replace(README_URL, serve.http_url)
+    client = next(block for block in _blocks("python") if "from ors.client import" in block)
+    client = client.replace(README_URL, serve.http_url)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(client, "README HTTP quickstart", "exec"), {})
     assert printed.getvalue().splitlines() == [
         "['train', 'test']",
         "['calculator', 'submit']",
+        "What is 12 + 30? Use the calculator, then submit the answer.",
+        "42",
+        "Correct! 1.0 True",
+    ]
+
+
+def test_the_openreward_client_episode(serve: ServeProcess) -> None:
+    client = next(block for block in _blocks("python") if "from openreward import" in block)
+    done = subprocess.run(
+        [sys.executable, "-c", client.replace(README_URL, serve.http_url)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['train', 'test']",
         "What is 12 + 30? Use the calculator, then submit the answer.",
         "42",
         "Correct! 1.0 True",

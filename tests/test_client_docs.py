@@ -12,6 +12,7 @@ from typing import Iterator
 import pytest
 
 from tests.servers import ServeProcess, start_serve
+from tests.tooling import NPM_CI_TIMEOUT_S, ensure_node_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "clients.md"
@@ -60,9 +61,9 @@ def test_python_examples_run(serve: ServeProcess, index: int, expected: list[str
         assert text in output
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-@pytest.mark.skipif(not (NODE_CLIENT / "node_modules").is_dir(), reason="run `npm ci --prefix clients/node`")
+@pytest.mark.timeout(NPM_CI_TIMEOUT_S + 120)
 def test_node_example_runs(serve: ServeProcess) -> None:
+    ensure_node_packages(NODE_CLIENT)
     (code,) = examples("javascript")
     output = run(["node", "-e", pointed_at(code, serve)], cwd=NODE_CLIENT)
     _prompt, total, refused, finished = output.splitlines()

@@ -178,6 +178,11 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         "GET /version is a spec decision; the reference has no such route (308, then 404)",
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 200 and set(ours["body"]) == {"version"},
     ),
+    "tools unknown env": (
+        "an unknown environment is a 404 naming the hosted ones (issue 14); the reference 308s to a bare 404",
+        lambda ref, ours: ref["status"] == 308 and ours["status"] == 404
+        and ours["body"]["detail"].startswith("unknown environment 'nowhere'; this server hosts: echoenv"),
+    ),
     "task alias": (
         "/{env}/get_task is a spec decision (the spec's alternative name); the reference 404s",
         lambda ref, ours: ref["status"] == 404 and ours["status"] == 200,

@@ -1,5 +1,5 @@
 """The Node.js client (clients/node, @grpc/grpc-js on the .proto files) runs a full episode
-against `ors-grpc serve`. `.ci/run` installs its packages with `npm ci --prefix clients/node`."""
+against `ors-grpc serve`. Its packages are installed with `npm ci` when missing (tests/tooling.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 
 from tests.servers import start_serve
+from tests.tooling import NPM_CI_TIMEOUT_S, ensure_node_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_CLIENT = ROOT / "clients" / "node"
 NODE = shutil.which("node")
 
-pytestmark = [
-    pytest.mark.timeout(90),
-    pytest.mark.skipif(NODE is None, reason="node is not installed"),
-    pytest.mark.skipif(
-        not (NODE_CLIENT / "node_modules").is_dir(),
-        reason="clients/node/node_modules is missing: run `npm ci --prefix clients/node`",
-    ),
-]
+pytestmark = [pytest.mark.timeout(NPM_CI_TIMEOUT_S + 90), pytest.mark.skipif(NODE is None, reason="node is not installed")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def node_packages() -> None:
+    ensure_node_packages(NODE_CLIENT)
 
 
 def run_episode(target: str) -> subprocess.CompletedProcess[str]:

@@ -25,13 +25,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ors/v1/errors.proto\x12\x06ors.v1*\xde\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12 \n\x1c\x45RROR_REASON_INVALID_REQUEST\x10\x01\x12$\n ERROR_REASON_UNKNOWN_ENVIRONMENT\x10\x02\x12\x1e\n\x1a\x45RROR_REASON_INVALID_SPLIT\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_INVALID_INDEX\x10\x04\x12$\n ERROR_REASON_LISTING_UNSUPPORTED\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_SESSION_EXISTS\x10\x06\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x07\x12 \n\x1c\x45RROR_REASON_SESSION_DELETED\x10\x08\x12\x1d\n\x19\x45RROR_REASON_SETUP_FAILED\x10\t\x12 \n\x1c\x45RROR_REASON_UNKNOWN_TASK_ID\x10\n\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_SESSIONS\x10\x0b\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x0c\x12\'\n#ERROR_REASON_IDEMPOTENCY_KEY_REUSED\x10\x1e\x12\"\n\x1e\x45RROR_REASON_ENVIRONMENT_ERROR\x10\x14\x12\"\n\x1e\x45RROR_REASON_MESSAGE_TOO_LARGE\x10\x15\x12$\n ERROR_REASON_SESSION_ID_MISMATCH\x10\x16\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ors/v1/errors.proto\x12\x06ors.v1*\xde\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12 \n\x1c\x45RROR_REASON_INVALID_REQUEST\x10\x01\x12$\n ERROR_REASON_UNKNOWN_ENVIRONMENT\x10\x02\x12\x1e\n\x1a\x45RROR_REASON_INVALID_SPLIT\x10\x03\x12\x1e\n\x1a\x45RROR_REASON_INVALID_INDEX\x10\x04\x12$\n ERROR_REASON_LISTING_UNSUPPORTED\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_SESSION_EXISTS\x10\x06\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x07\x12 \n\x1c\x45RROR_REASON_SESSION_DELETED\x10\x08\x12\x1d\n\x19\x45RROR_REASON_SETUP_FAILED\x10\t\x12 \n\x1c\x45RROR_REASON_UNKNOWN_TASK_ID\x10\n\x12\"\n\x1e\x45RROR_REASON_TOO_MANY_SESSIONS\x10\x0b\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x0c\x12\'\n#ERROR_REASON_IDEMPOTENCY_KEY_REUSED\x10\x1e\x12\"\n\x1e\x45RROR_REASON_ENVIRONMENT_ERROR\x10\x14\x12\"\n\x1e\x45RROR_REASON_MESSAGE_TOO_LARGE\x10\x15\x12$\n ERROR_REASON_SESSION_ID_MISMATCH\x10\x16\x42\xb8\x01\n\x1cio.openrewardstandard.ors.v1B\x0b\x45rrorsProtoP\x01Z-openrewardstandard.io/ors/gen/go/ors/v1;orsv1\xa2\x02\x03ORS\xaa\x02\x19OpenRewardStandard.Ors.V1\xca\x02\x19OpenRewardStandard\\Ors\\V1\xea\x02\x1bOpenRewardStandard::Ors::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ors.v1.errors_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\034io.openrewardstandard.ors.v1B\013ErrorsProtoP\001Z-openrewardstandard.io/ors/gen/go/ors/v1;orsv1\242\002\003ORS\252\002\031OpenRewardStandard.Ors.V1\312\002\031OpenRewardStandard\\Ors\\V1\352\002\033OpenRewardStandard::Ors::V1'
   _globals['_ERRORREASON']._serialized_start=32
   _globals['_ERRORREASON']._serialized_end=638
 # @@protoc_insertion_point(module_scope)

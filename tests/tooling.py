@@ -1,0 +1,42 @@
+"""System tools some tests need (node, npm, nginx, curl, openssl), and the one rule for their absence.
+
+On a developer's machine a test whose system tool is missing is skipped, and
+`pytest -rs` (in pyproject's addopts) prints why. Under `ORS_TESTS_NO_SKIP=1`,
+which `.ci/run` sets, every skip is a failure instead (tests/conftest.py), so
+CI never passes by running less.
+
+npm packages are not a system tool: a test that needs a folder's
+node_modules installs them itself with `npm ci` (from the folder's lock file).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+NO_SKIP_ENV = "ORS_TESTS_NO_SKIP"
+NPM_CI_TIMEOUT_S = 600
+
+_installing = threading.Lock()
+
+
+def ensure_node_packages(folder: Path) -> None:
+    """`npm ci` in `folder` unless its node_modules exists; skip the test if node or npm is missing."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    with _installing:
+        if (folder / "node_modules").is_dir():
+            return
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip(f"npm is not installed (needed for `npm ci` in {folder.name})")
+        result = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=folder, capture_output=True, text=True,
+            timeout=NPM_CI_TIMEOUT_S,
+        )
+        if result.returncode != 0:
+            pytest.fail(f"`npm ci` in {folder} failed:\n{result.stdout}{result.stderr}")
