@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Optional
@@ -16,6 +17,8 @@ from ors_grpc.errors import ERROR_REASON_METADATA_KEY
 __all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel"]
 
 Metadata = tuple[tuple[str, str], ...]
+
+logger = logging.getLogger("http_bridge")
 
 
 def open_channel(
@@ -39,6 +42,7 @@ def open_channel(
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 0),
     ]
+    logger.debug("backend_channel target=%s tls=%s", target, tls_root_cert is not None)
     if tls_root_cert is None:
         return grpc.aio.insecure_channel(target, options=options)
     if tls_server_name:

@@ -196,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
                         metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
     bridge.add_argument("--max-body-bytes", type=_positive_number(int), default=None,
-                        metavar="BYTES", help="largest HTTP request body (default: --max-message-bytes)")
+                        metavar="BYTES", help="largest HTTP request body (default: as --max-message-bytes)")
     bridge.add_argument("--tls-cert", default=None, metavar="FILE",
                         help="PEM certificate chain: serve HTTPS (needs --tls-key)")
     bridge.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")

@@ -300,8 +300,9 @@ def option_entries(help_text: str) -> dict[str, str]:
         ([], {"--log-level": "INFO"}),
         (["serve"], {"--host": "127.0.0.1", "--port": "50051", "--session-timeout": "900.0",
                      "--max-message-bytes": "33554432", "--log-level": "INFO", "--max-sessions": "no limit",
-                     "--tool-timeout": "no limit"}),
-        (["bridge"], {"--host": "127.0.0.1", "--http-port": "8080", "--max-body-bytes": "33554432",
+                     "--tool-timeout": "no limit", "--warm-ttl": "300.0", "--http-body-timeout": "60.0"}),
+        (["bridge"], {"--host": "127.0.0.1", "--http-port": "8080", "--max-message-bytes": "33554432",
+                      "--http-header-timeout": "30.0",
                       "--log-level": "INFO", "--backend-tls-server-name": "the backend host"}),
     ],
 )
