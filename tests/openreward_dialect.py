@@ -113,7 +113,7 @@ class ConvoEnv(Environment):
                 blocks=[
                     ToolResultBlock(
                         tool_call_id="call-1",
-                        blocks=[TextBlock(text="noted", detail={"k": 1.0}), ImageBlock(data=PIXEL, mimeType="image/png")],
+                        blocks=[TextBlock(text="noted", detail={"k": 1.0})],
                         detail={"elapsed_ms": 3},
                     ),
                     ToolResultBlock(tool_call_id="call-2", blocks=[TextBlock(text="no such tool")], is_error=True),
