@@ -59,7 +59,17 @@ from .types import (
 )
 from .user_code import run_user_code
 
-__all__ = ["Environment", "flatten_messages", "is_concurrent_tool", "is_exclusive_tool", "terminal", "tool"]
+__all__ = [
+    "Environment",
+    "class_has_exclusive_tools",
+    "find_terminal_tool",
+    "flatten_messages",
+    "is_concurrent_tool",
+    "is_exclusive_tool",
+    "terminal",
+    "tool",
+    "tool_specs_of",
+]
 
 logger = logging.getLogger("ors_grpc.environment")
 
@@ -229,6 +239,29 @@ def flatten_messages(messages: Sequence[Message]) -> list[Union[TextBlock, Image
         for block in message.blocks:
             blocks.extend(_as_text_block(block))
     return blocks
+
+
+@functools.lru_cache(maxsize=1024)
+def class_has_exclusive_tools(owner: type) -> bool:
+    """Whether any tool of a class (an environment with its declared
+    toolsets, or a toolset) runs exclusively: its sessions need the gate."""
+    owners = (owner, *getattr(owner, "toolsets", ()))
+    return any(
+        is_exclusive_tool(fn) and Environment._is_tool(fn)
+        for cls in owners
+        for fn in (getattr(cls, name, None) for name in dir(cls))
+        if fn is not None
+    )
+
+
+def tool_specs_of(owner: Any) -> list[ToolSpec]:
+    """The shared tools of an object (a session's toolset instance), by name."""
+    specs = []
+    for name in dir(owner):
+        fn = getattr(owner, name, None)
+        if fn is not None and Environment._is_tool(fn) and getattr(fn, "_env_tool_shared", True):
+            specs.append(_tool_spec(name, fn))
+    return specs
 
 
 def _input_model(fn: Callable[..., Any]) -> Optional[type[BaseModel]]:
@@ -404,17 +437,6 @@ class Environment(ABC):
         """True when a plain assistant message ends the rollout (the
         environment has a terminal tool to send it to)."""
         return cls.terminal_tool() is not None
-
-    @classmethod
-    @functools.cache
-    def _has_exclusive_tools(cls) -> bool:
-        """Whether any tool of this class or its toolsets runs exclusively
-        (its sessions then need the exclusive gate; cached per class)."""
-        return any(
-            is_exclusive_tool(getattr(owner, name, None)) and cls._is_tool(getattr(owner, name))
-            for owner in (cls, *cls.toolsets)
-            for name in dir(owner)
-        )
 
     async def call_terminal_tool(self, message: str = "") -> RunToolOutput:
         """Call the terminal tool with `message` as its one input field (a
