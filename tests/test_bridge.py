@@ -118,7 +118,7 @@ async def test_create_session_answers_sse_or_json_by_accept(http: aiohttp.Client
 
 
 async def test_full_episode(http: aiohttp.ClientSession) -> None:
-    sid = await create_episode(http, {"split": "train", "index": 0, "toolset_name": "ignored"})
+    sid = await create_episode(http, {"split": "train", "index": 0, "priority": "ignored"})
     headers = {"X-Session-ID": sid}
     async with http.get("/echoenv/prompt", headers=headers) as response:
         assert await response.json() == [{"text": "Say hello", "detail": None, "type": "text"}]
@@ -141,7 +141,8 @@ async def test_full_episode(http: aiohttp.ClientSession) -> None:
 
     submitted = (await call(http, sid, "submit", {"answer": "hello"})).result()["output"]
     assert (submitted["reward"], submitted["finished"]) == (1.0, True)
-    assert (await call(http, sid, "echo", {"text": "late"})).result() == {"ok": False, "error": "episode finished"}
+    assert (await call(http, sid, "echo", {"text": "late"})).result() == {
+        "ok": False, "error": "episode finished", "reason": "episode_finished"}
 
     async with http.post("/ping", headers=headers) as response:
         assert await response.json() == {"status": "ok"}
@@ -263,7 +264,8 @@ async def test_reconnect_gets_the_result_without_running_the_tool_again(http: ai
     again = await call(http, sid, "submit", {"answer": "hello"}, task_id=task_id)
     assert again.data("task_id") == task_id
     assert again.result()["output"]["reward"] == 1.0
-    assert (await call(http, sid, "submit", {"answer": "hello"})).result() == {"ok": False, "error": "episode finished"}
+    assert (await call(http, sid, "submit", {"answer": "hello"})).result() == {
+        "ok": False, "error": "episode finished", "reason": "episode_finished"}
 
 
 async def test_an_unknown_task_id_is_an_sse_error(http: aiohttp.ClientSession) -> None:
