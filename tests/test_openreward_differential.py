@@ -197,6 +197,7 @@ SCENARIO = [
     Step("messages while starting", "GET", f"{SLOW}/messages", sid="s-1"),
     Step("call while starting", "POST", f"{SLOW}/call", call("ping_tool"), sid="s-1"),
     Step("score_group while starting", "POST", f"{SLOW}/score_group", {"candidates": []}, sid="s-1"),
+    Step("task_tools while starting", "GET", f"{SLOW}/task_tools", sid="s-1"),
     Step("ping while starting", "POST", "/ping", sid="s-1"),
     Step("delete slow", "POST", "/delete", sid="s-1"),
 ]
@@ -237,6 +238,10 @@ def refused_as_finished(reference: dict, ours: dict) -> bool:
 #: spec chose (ORS.md section 3), shorter than openreward's.
 EPISODE_FINISHED = "episode finished"
 
+#: The answer to a session call that waited out the bound on setup().
+STARTING = {"status": 503, "X-Backend-State": "starting", "Retry-After": "2",
+            "body": {"detail": "Environment still starting."}, "text": '{"detail":"Environment still starting."}'}
+
 EXCEPTIONS: dict[str, tuple[str, Check]] = {
     "call after finished": (
         "the refusal's reason is the same; its message is the spec's `episode finished`",
@@ -249,6 +254,11 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         lambda ref, ours: same_status_string_detail(ref, ours) and "'reasoning' block" in ours["body"]["detail"],
     ),
     "score_group bad body": ("422 detail: a string naming the field vs pydantic's list", same_status_string_detail),
+    "task_tools while starting": (
+        "ours waits for setup() here as for every session call (ORS.md section 2, ors-sdk); openreward "
+        "0.1.167 lists the tools of the constructed environment at once",
+        lambda ref, ours: ref["status"] == 200 and ours == STARTING,
+    ),
     "create unknown toolset": (
         "the valid toolsets are those registered with the server (openreward lists its built-in ones, "
         "which need its platform)",
@@ -320,9 +330,7 @@ def test_scenario_exercises_the_surface(observations: tuple[dict, dict]) -> None
     assert reference["score_group environment raised"]["body"]["errors"] == ["no candidates to score"]
     assert reference["call after finished"]["body"]["result"]["reason"] == "episode_finished"
     assert reference["score_group unsupported"]["status"] == 404
-    assert reference["prompt while starting"] == {
-        "status": 503, "X-Backend-State": "starting", "Retry-After": "2",
-        "body": {"detail": "Environment still starting."}, "text": '{"detail":"Environment still starting."}'}
+    assert reference["prompt while starting"] == STARTING
     assert reference["call toolset terminal tool"]["body"]["result"]["output"]["reward"] == 0.5
 
 
