@@ -39,7 +39,7 @@ from openreward.api.errors import ScoreGroupFailed, ScoreGroupUnsupported, ToolC
 from openreward.api.environments.types import GroupCandidate, Message, ReasoningBlock, TextBlock, ToolCallBlock
 
 from tests.openreward_dialect import PIXEL, TASKS
-from tests.servers import ROOT, ServeProcess, start_serve
+from tests.servers import ROOT, start_bridge, start_serve
 from tests.test_differential import SSE, Step, canonical, observe_sse
 
 pytestmark = pytest.mark.timeout(240)
@@ -91,15 +91,16 @@ def reference_url() -> Iterator[str]:
         proc.wait(15)
 
 
+SERVE_ARGS = (
+    *(f"tests.openreward_dialect:{name}" for name in ENVIRONMENTS),
+    "--toolset", f"tests.openreward_dialect:{TOOLSET}",
+    "--setup-wait", str(SETUP_WAIT_S),
+)
+
+
 @pytest.fixture(scope="module")
 def ours_url() -> Iterator[str]:
-    environments = [f"tests.openreward_dialect:{name}" for name in ENVIRONMENTS]
-    with start_serve(
-        *environments,
-        "--toolset", f"tests.openreward_dialect:{TOOLSET}",
-        "--setup-wait", str(SETUP_WAIT_S),
-        "--http-port", "0",
-    ) as serve:
+    with start_serve(*SERVE_ARGS, "--http-port", "0") as serve:
         yield serve.http_url
 
 
@@ -317,6 +318,14 @@ def test_same_as_openreward(observations: tuple[dict, dict], step: Step) -> None
         assert check(reference, ours), f"{reason}\nopenreward: {reference}\nours: {ours}"
     else:
         assert canonical(ours) == canonical(reference)
+
+
+def test_bridge_alone_answers_as_serve(observations: tuple[dict, dict]) -> None:
+    """`ors-grpc bridge` in front of a gRPC-only backend (a network channel,
+    not the in-process one) gives the same answers as `serve --http-port`."""
+    with start_serve(*SERVE_ARGS) as backend, start_bridge(backend.grpc_target) as bridge:
+        alone = asyncio.run(run_scenario(bridge.http_url))
+    assert canonical(alone) == canonical(observations[1])
 
 
 def test_scenario_exercises_the_surface(observations: tuple[dict, dict]) -> None:
