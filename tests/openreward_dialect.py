@@ -187,6 +187,7 @@ class ConvoEnv(Environment):
         a GroupScore for the right ones, a bare float for the others."""
         if not candidates:
             raise ValueError("no candidates to score")
+        await _wait_for_file(self.task_spec.get("hold_scoring"))
         if any((c.metadata or {}).get("miscount") for c in candidates):
             return [0.5]
         scores: list = []

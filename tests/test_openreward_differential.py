@@ -40,6 +40,7 @@ from openreward.api.environments.types import GroupCandidate, Message, Reasoning
 
 from tests.openreward_dialect import PIXEL, TASKS
 from tests.servers import ROOT, start_bridge, start_serve
+from tests.bridge_http import parse_sse
 from tests.test_differential import SSE, Step, canonical, observe_sse
 
 pytestmark = pytest.mark.timeout(240)
@@ -439,6 +440,45 @@ def test_openreward_client_saw_the_features(client_observations: tuple[dict, dic
     assert reference["call_terminal_tool"]["reward"] == 1.0 and reference["call_terminal_tool"]["finished"]
     assert reference["slow prompt"][0]["text"] == "Ready?"
     assert reference["plain terminal_tool"] is None
+
+
+# ----------------------------------------------------------------------------
+# Reattaching to a group scoring
+# ----------------------------------------------------------------------------
+
+
+async def reattached_scoring(base_url: str, workdir: Path) -> dict:
+    """Start a scoring that holds, leave after its task id, release it, and
+    attach again with the task id: the result of the one scoring."""
+    workdir.mkdir(exist_ok=True)
+    hold, sid = workdir / "release-scoring", uuid.uuid4().hex
+    headers = {"X-Session-ID": sid}
+    async with aiohttp.ClientSession(base_url=base_url) as http:
+        task = {**TASKS[0], "hold_scoring": str(hold)}
+        async with http.post("/create", json={"env_name": "convoenv", "task_spec": task}, headers=headers):
+            pass
+        body = {"candidates": [candidate("42"), candidate("no")]}
+        async with http.post("/convoenv/score_group", json=body, headers=headers) as response:
+            assert (await response.content.readline()).strip() == b"event: task_id"
+            task_id = (await response.content.readline()).decode().strip().removeprefix("data: ")
+        hold.touch()
+        async with http.post("/convoenv/score_group", json={"candidates": [], "task_id": task_id},
+                             headers=headers) as response:
+            again = parse_sse(await response.text())
+        async with http.post("/delete", headers=headers):
+            pass
+    return {"task id again": again.data("task_id") == task_id, "events": again.names(),
+            "scores": json.loads(again.data("end"))}
+
+
+def test_score_group_reattaches_by_task_id(reference_url: str, ours_url: str, tmp_path: Path) -> None:
+    reference = asyncio.run(reattached_scoring(reference_url, tmp_path / "openreward"))
+    ours = asyncio.run(reattached_scoring(ours_url, tmp_path / "ours"))
+    assert ours == reference == {
+        "task id again": True, "events": ["task_id", "end"],
+        "scores": {"scores": [{"reward": 1.0, "metadata": {"rank": 1, "echo": None}},
+                              {"reward": 0.25, "metadata": None}]},
+    }
 
 
 # ----------------------------------------------------------------------------
