@@ -20,7 +20,7 @@ from aiohttp import web
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
-from ors_grpc.errors import http_status_for
+from ors_grpc.errors import RETRY_AFTER_S, http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
@@ -128,7 +128,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
     if reason == _ENVIRONMENT_STARTING:
         # As the openreward server answers a call that waited out its bound
         # on setup(); its clients keep retrying while `starting` is said.
-        headers = {"X-Backend-State": "starting", "Retry-After": retry_after(exc) or "2"}
+        seconds = retry_after(exc) or str(RETRY_AFTER_S[errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING])
+        headers = {"X-Backend-State": "starting", "Retry-After": seconds}
     elif status in (429, 503):
         headers = {"Retry-After": "1"}
     return _json({"detail": detail}, status, headers)
