@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
-from openreward.api.environments.client import AsyncEnvironmentsAPI
+from openreward.api.environments.client import AsyncEnvironmentsAPI, AsyncSession
 from openreward.api.errors import ScoreGroupFailed, ScoreGroupUnsupported, ToolCallError
 from openreward.api.environments.types import GroupCandidate, Message, ReasoningBlock, TextBlock, ToolCallBlock
 
@@ -397,6 +397,13 @@ async def client_episodes(base_url: str) -> dict[str, Any]:
                 await session.call_tool("note", {"text": "late"})
             seen["refused after finished"] = (refused.value.reason, refused.value.detail)
 
+        # `env.session(toolset=...)` accepts only openreward's built-in names;
+        # the session class it builds takes any.
+        async with AsyncSession(env, split="train", index=1, api_key=env.api_key, toolset_name="scratchpad") as session:
+            seen["toolset tools"] = [tool.name for tool in await session.list_tools()]
+            seen["toolset terminal_tool"] = plain(await session.terminal_tool())
+            seen["toolset call_terminal_tool"] = plain(await session.call_terminal_tool("Paris"))
+
         plain_env = api.get("plainenv", variant="plainenv")
         async with plain_env.session(split="train", index=0) as session:
             seen["plain messages"] = plain(await session.get_messages())
@@ -440,6 +447,9 @@ def test_openreward_client_saw_the_features(client_observations: tuple[dict, dic
     assert reference["call_terminal_tool"]["reward"] == 1.0 and reference["call_terminal_tool"]["finished"]
     assert reference["slow prompt"][0]["text"] == "Ready?"
     assert reference["plain terminal_tool"] is None
+    assert reference["toolset tools"][-2:] == ["erase", "note"]
+    assert reference["toolset terminal_tool"]["name"] == "final"
+    assert reference["toolset call_terminal_tool"]["blocks"][0]["text"] == "final: Paris"
 
 
 # ----------------------------------------------------------------------------
