@@ -524,3 +524,23 @@ def test_the_blocking_client_runs_an_openreward_episode(serve: ServeProcess) -> 
         with env.session(split="train", index=0, toolset="GraderToolset") as session:
             assert session.terminal_tool().name == "grade"
             assert session.call_terminal_tool().reward == 0.5
+
+
+@pytest.mark.parametrize("stream_episodes", [True, False], ids=["run-episode-stream", "rpc-per-step"])
+async def test_the_client_rides_out_a_slow_setup(stream_episodes: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ors_grpc.client import session as client_session
+
+    monkeypatch.setattr(client_session, "_STARTING_RETRY_S", 0.1)
+    server, port = await create_server([StartingEnv], "127.0.0.1:0", config=ServerConfig(setup_wait_s=0.3))
+    try:
+        async with AsyncORSClient(f"127.0.0.1:{port}", stream_episodes=stream_episodes) as client:
+            async with client.environment("startingenv").session(split="train", index=0) as session:
+                prompt = asyncio.ensure_future(session.get_prompt())
+                echoed = asyncio.ensure_future(session.call_tool("echo", {"text": "hi"}))
+                await asyncio.sleep(NOT_YET_S * 2)  # several bounded waits run out meanwhile
+                assert not prompt.done() and not echoed.done()
+                dialect.release("setup")
+                assert (await prompt)[0].text
+                assert (await echoed).blocks[0].text == "hi"
+    finally:
+        await server.stop(None)

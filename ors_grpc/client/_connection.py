@@ -28,6 +28,7 @@ Metadata = tuple[tuple[str, str], ...]
 IDEMPOTENT_RPCS = (
     "Health", "Version", "ListEnvironments", "ListTools", "ListSplits", "ListTasks", "NumTasks", "GetTask",
     "GetTaskRange", "CreateSessionId", "GetPrompt", "ListTaskTools", "Ping", "DeleteEpisode", "DeleteSessionId",
+    "GetMessages",
 )
 RETRY_SERVICE_CONFIG = json.dumps({
     "methodConfig": [{

@@ -44,6 +44,11 @@ _STREAM_BROKEN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.S
 _UNKNOWN_TASK_ID = "ERROR_REASON_UNKNOWN_TASK_ID"
 #: The session is gone server-side: pinging it again is pointless.
 _SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
+#: A call waited the server's bound for setup; nothing ran, so it is asked again.
+_STARTING = "ERROR_REASON_ENVIRONMENT_STARTING"
+#: How long a session call keeps asking again while the environment starts.
+STARTUP_PATIENCE_S = 600.0
+_STARTING_RETRY_S = 2.0
 
 
 class AsyncSession:
@@ -234,6 +239,10 @@ class AsyncSession:
         raise ORSServerError(grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "ScoreGroup stream ended without a result")
 
     async def _step(self, method: str, step: str, request: Any) -> Any:
+        """One answer to `request` (asked again while the environment starts)."""
+        return await _while_starting(lambda: self._step_once(method, step, request))
+
+    async def _step_once(self, method: str, step: str, request: Any) -> Any:
         """One answer to `request`: on the episode stream when it is free, else by RPC `method`."""
         stream = self._free_stream()
         if stream is None:
@@ -271,7 +280,19 @@ class AsyncSession:
     ) -> T:
         """Runs work that has a task id (a tool call, a scoring): on the free
         episode stream, else by its streaming RPC; a stream that breaks once
-        `pending.task_id` is known is reattached (never re-run) with backoff."""
+        `pending.task_id` is known is reattached (never re-run) with backoff.
+        Asked again while the environment starts (the work never began)."""
+
+        async def afresh() -> T:
+            pending.task_id = None  # an id from an attempt that never started names nothing
+            return await self._reattaching_once(what, pending, on_episode_stream, by_rpc)
+
+        return await _while_starting(afresh)
+
+    async def _reattaching_once(
+        self, what: str, pending: Any,
+        on_episode_stream: Callable[[EpisodeStream], Awaitable[T]], by_rpc: Callable[[], Awaitable[T]],
+    ) -> T:
         first_break: Optional[grpc.aio.AioRpcError] = None
         for attempt in range(self._reattach_attempts + 1):
             try:
@@ -355,6 +376,22 @@ class AsyncSession:
                 await self._connection.unary(method, request, route_key=self._route_key, timeout=_CLEANUP_TIMEOUT_S)
             except Exception as error:  # never mask the body's own exception
                 logger.warning("%s of session %s failed: %s", method, session_id, error)
+
+
+async def _while_starting(ask: Callable[[], Awaitable[T]]) -> T:
+    """`ask()`, again every few seconds while it fails with ENVIRONMENT_STARTING
+    (the environment's setup outlasted the server's wait), for up to
+    STARTUP_PATIENCE_S, as openreward's clients ride out its 503."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STARTUP_PATIENCE_S
+    while True:
+        try:
+            return await ask()
+        except ORSServerError as error:
+            if error.reason != _STARTING or loop.time() + _STARTING_RETRY_S > deadline:
+                raise
+        logger.info("environment still starting; asking again in %gs", _STARTING_RETRY_S)
+        await asyncio.sleep(_STARTING_RETRY_S)
 
 
 @dataclass
