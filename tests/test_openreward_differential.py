@@ -498,7 +498,7 @@ def test_score_group_reattaches_by_task_id(reference_url: str, ours_url: str, tm
 #: Waits for a log line (an event in the environment, not a clock) give up after this long.
 EVENT_LIMIT_S = 30.0
 #: How long to let a request reach the server before checking it did NOT start.
-ARRIVAL_GAP_S = 0.6
+ARRIVAL_GAP_S = 1.0
 
 
 class Episode:
@@ -510,6 +510,7 @@ class Episode:
         self.sid = uuid.uuid4().hex
         self.log = workdir / f"{self.sid}.log"
         self.calls: list[asyncio.Task] = []
+        self.held: list[str] = []
 
     async def __aenter__(self) -> "Episode":
         task = {**TASKS[0], "log": str(self.log)}
@@ -519,6 +520,8 @@ class Episode:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        for label in self.held:  # after a failed check too: nothing waits for HOLD_LIMIT_S
+            self.release(label)
         await asyncio.gather(*self.calls, return_exceptions=True)
         async with self.http.post("/delete", headers={"X-Session-ID": self.sid}):
             pass
@@ -533,6 +536,7 @@ class Episode:
         tool_input = {"label": label, **tool_input}
         if held:
             tool_input["hold"] = self.hold(label)
+            self.held.append(label)
         task = asyncio.ensure_future(self._call(tool, tool_input))
         self.calls.append(task)
         return task
