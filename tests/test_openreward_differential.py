@@ -575,7 +575,7 @@ async def same_tool_takes_turns_other_tools_do_not_wait(episode: Episode) -> lis
     second = episode.start("scribble", "B")
     await episode.start("tally", "C")  # another tool runs meanwhile
     await asyncio.sleep(ARRIVAL_GAP_S)
-    assert "start:B" not in episode.lines()  # queued behind A
+    assert "start:B" not in episode.lines(), episode.lines()  # queued behind A
     episode.release("A")
     await second
     return episode.lines()
@@ -588,7 +588,7 @@ async def exclusive_waits_for_all_and_holds_later_calls(episode: Episode) -> lis
     await asyncio.sleep(ARRIVAL_GAP_S)
     later = episode.start("peek", "B")  # a concurrent call, queued behind the waiting exclusive one
     await asyncio.sleep(ARRIVAL_GAP_S)
-    assert episode.lines() == ["start:A"]
+    assert episode.lines() == ["start:A"], episode.lines()
     episode.release("A")
     await exclusive
     await later
@@ -602,7 +602,7 @@ async def terminal_is_exclusive_and_ends_the_episode(episode: Episode) -> list[A
     await asyncio.sleep(ARRIVAL_GAP_S)
     later = episode.start("peek", "B")
     await asyncio.sleep(ARRIVAL_GAP_S)
-    assert episode.lines() == ["start:A"]
+    assert episode.lines() == ["start:A"], episode.lines()
     episode.release("A")
     answered, refused = await answer, await later
     return [*episode.lines(), answered["output"]["finished"], refused["reason"]]
