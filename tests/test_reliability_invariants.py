@@ -17,7 +17,7 @@ from tests.reliability_helpers import http_call, http_episode, http_stats, serve
 
 pytestmark = pytest.mark.timeout(60)
 
-FINISHED = {"ok": False, "error": "episode finished"}
+FINISHED = {"ok": False, "error": "episode finished", "reason": "episode_finished"}
 
 
 async def test_after_finished_every_call_ends_with_episode_finished_without_running(tmp_path: Path) -> None:
