@@ -78,7 +78,7 @@ def toolset_map(toolsets: ToolsetRegistry) -> dict[str, type]:
     if isinstance(toolsets, Mapping):
         named = list(toolsets.items())
     else:
-        named = [(getattr(cls, "name", lambda: cls.__name__)(), cls) for cls in toolsets]
+        named = [(_registered_name(cls), cls) for cls in toolsets]
     registry: dict[str, type] = {}
     for name, toolset_cls in named:
         if not inspect.isclass(toolset_cls):
@@ -88,6 +88,12 @@ def toolset_map(toolsets: ToolsetRegistry) -> dict[str, type]:
         find_terminal_tool(toolset_cls)  # its @terminal rules, checked now rather than per session
         registry[name] = toolset_cls
     return registry
+
+
+def _registered_name(toolset_cls: type) -> str:
+    """A toolset's name: its `name()` (Toolset's is the class name), else the class name."""
+    name = getattr(toolset_cls, "name", None)
+    return name() if callable(name) else toolset_cls.__name__
 
 
 def _log_unexpected(method: str, exc: Exception) -> str:

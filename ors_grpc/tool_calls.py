@@ -36,8 +36,11 @@ __all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask"]
 
 logger = logging.getLogger("ors_grpc.tool_calls")
 
-EPISODE_FINISHED = "episode finished"
-_REFUSED_AS_FINISHED = RunToolOutput(RunToolError(error=EPISODE_FINISHED, reason="episode_finished"))
+#: The refusal of a call after the episode finished, as openreward words it.
+EPISODE_FINISHED = (
+    "{name!r} was not run: the episode has finished (a tool returned finished=True), "
+    "so no further tool calls are accepted."
+)
 #: The kinds of work a task id may name; attaching checks it.
 TOOL_CALL, SCORE_GROUP = "tool call", "group scoring"
 # Seconds `release` waits for cancelled tool calls to end.
@@ -53,6 +56,11 @@ class CallOutcome:
 
     result: RunToolOutput | list[GroupScore] | None = None
     failure: str | None = None
+
+
+def _refused_as_finished(name: str) -> CallOutcome:
+    return CallOutcome(result=RunToolOutput(RunToolError(error=EPISODE_FINISHED.format(name=name),
+                                                         reason="episode_finished")))
 
 
 async def _at_once(outcome: CallOutcome) -> CallOutcome:
@@ -176,7 +184,7 @@ class SessionToolCalls:
         if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
             return await metrics.timed_tool_call(env, name, _at_once(CallOutcome(result=fn)))
         if self.finished:
-            return CallOutcome(result=_REFUSED_AS_FINISHED)
+            return _refused_as_finished(name)
         if is_exclusive_tool(fn):
             if self._gate is None:  # a tool the class scan did not see (set on the instance)
                 self._gate = ExclusiveGate()
@@ -200,7 +208,7 @@ class SessionToolCalls:
     ) -> CallOutcome:
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
-            return CallOutcome(result=_REFUSED_AS_FINISHED)
+            return _refused_as_finished(name)
         return await metrics.timed_tool_call(env, name, self._run_tool(env, name, fn, tool_input))
 
     async def _run_tool(
@@ -221,7 +229,7 @@ class SessionToolCalls:
             return CallOutcome(failure=message)
         if result.root.ok and self.finished:
             # Another call finished the episode while this one ran: the first finished result wins.
-            return CallOutcome(result=_REFUSED_AS_FINISHED)
+            return _refused_as_finished(name)
         if result.root.ok and result.root.output.finished:
             self.finished = True
         logger.debug("tool_completed tool=%s ok=%s duration_ms=%.1f",

@@ -241,7 +241,10 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
     "call after finished": (
         "a finished episode refuses further calls (spec decision); the reference runs the tool",
         lambda ref, ours: ref["body"]["result"]["ok"] is True
-        and ours["body"]["result"] == {"ok": False, "error": "episode finished", "reason": "episode_finished"},
+        and ours["body"]["result"]["ok"] is False
+        and ours["body"]["result"]["reason"] == "episode_finished"
+        and ours["body"]["result"]["error"].endswith("the episode has finished (a tool returned finished=True), "
+                                                     "so no further tool calls are accepted."),
     ),
     "secret from body and header": (
         "secrets from X-Secrets are merged in (spec decision); the reference ignores that header",

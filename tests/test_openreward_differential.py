@@ -226,31 +226,11 @@ def names_valid_toolsets(reference: dict, ours: dict) -> bool:
     )
 
 
-def refused_as_finished(reference: dict, ours: dict) -> bool:
-    theirs, mine = reference["body"]["result"], ours["body"]["result"]
-    return (
-        theirs["reason"] == mine["reason"] == "episode_finished"
-        and theirs["error"].endswith("the episode has finished (a tool returned finished=True), "
-                                     "so no further tool calls are accepted.")
-        and mine == {"ok": False, "error": EPISODE_FINISHED, "reason": "episode_finished"}
-    )
-
-
-#: Why a refused call after the end of the episode was refused: the text the
-#: spec chose (ORS.md section 3), shorter than openreward's.
-EPISODE_FINISHED = "episode finished"
-
 #: The answer to a session call that waited out the bound on setup().
 STARTING = {"status": 503, "X-Backend-State": "starting", "Retry-After": "2",
             "body": {"detail": "Environment still starting."}, "text": '{"detail":"Environment still starting."}'}
 
 EXCEPTIONS: dict[str, tuple[str, Check]] = {
-    "call after finished": (
-        "the refusal's reason is the same; its message is the spec's `episode finished`",
-        refused_as_finished,
-    ),
-    "call terminal tool after finished": ("as for `call after finished`", refused_as_finished),
-    "call environment terminal tool after finished": ("as for `call after finished`", refused_as_finished),
     "score_group misplaced block": (
         "422 detail: a string naming the field vs pydantic's list",
         lambda ref, ours: same_status_string_detail(ref, ours) and "'reasoning' block" in ours["body"]["detail"],
@@ -430,11 +410,7 @@ def test_openreward_client_gets_the_same_answers(client_observations: tuple[dict
     reference, ours = client_observations
     assert list(ours) == list(reference)
     for key in reference:
-        if key == "refused after finished":
-            # Same reason; the message is the spec's (see `call after finished` above).
-            assert ours[key] == (reference[key][0], EPISODE_FINISHED)
-        else:
-            assert ours[key] == reference[key], key
+        assert ours[key] == reference[key], key
 
 
 def test_openreward_client_saw_the_features(client_observations: tuple[dict, dict]) -> None:

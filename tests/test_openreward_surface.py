@@ -544,3 +544,25 @@ async def test_the_client_rides_out_a_slow_setup(stream_episodes: bool, monkeypa
                 assert (await echoed).blocks[0].text == "hi"
     finally:
         await server.stop(None)
+
+
+async def test_deleting_an_episode_ends_calls_held_at_its_gate() -> None:
+    async with serving(ENVIRONMENTS) as stub:
+        sid = await create_episode(stub, ENV, task_spec=TASK)
+        streams = [stub.CallTool(pb.CallToolRequest(session_id=sid, call=types_pb2.ToolCall(
+            name=name, input=types_pb2.JsonValue(json=json.dumps({"tag": tag})))))
+            for name, tag in [("wait_read", "held-read"), ("wait_commit", "queued-commit"), ("wait_read", "late")]]
+        for stream in streams:
+            assert (await stream.read()).WhichOneof("event") == "task_id"
+        await wait_until(entered("held-read"))
+        await asyncio.wait_for(stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid)), EVENT_TIMEOUT_S)
+        for stream in streams:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            assert error_reason(caught.value) == "ERROR_REASON_SESSION_DELETED"
+        assert dialect.ENTERED == ["held-read"]
+        # The server goes on serving.
+        sid = await create_episode(stub, ENV, task_spec=TASK)
+        dialect.release("after")
+        _, event = await call_tool(stub, sid, "wait_commit", {"tag": "after"})
+        assert event.result.output.blocks[0].text.text == "commit after done"
