@@ -14,7 +14,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.errors import ERROR_REASON_METADATA_KEY
 
-__all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel"]
+__all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel", "retry_after"]
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -80,8 +80,17 @@ def _bearer_token(authorization: str) -> str:
 
 def error_reason(error: grpc.aio.AioRpcError) -> Optional[str]:
     """The `ors-error-reason` trailing metadata entry of a failed RPC, if any."""
+    return _trailer(error, ERROR_REASON_METADATA_KEY)
+
+
+def retry_after(error: grpc.aio.AioRpcError) -> Optional[str]:
+    """The `retry-after` trailing metadata entry (seconds) of a failed RPC, if any."""
+    return _trailer(error, "retry-after")
+
+
+def _trailer(error: grpc.aio.AioRpcError, name: str) -> Optional[str]:
     for key, value in error.trailing_metadata() or ():
-        if key == ERROR_REASON_METADATA_KEY:
+        if key == name:
             return value if isinstance(value, str) else value.decode()
     return None
 

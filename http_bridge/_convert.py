@@ -22,10 +22,10 @@ import base64
 import binascii
 import json
 import re
-from typing import Any, Iterable, Optional
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, field_validator, model_validator
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
@@ -37,6 +37,7 @@ __all__ = [
     "CallBody",
     "CreateBody",
     "PrepareBody",
+    "ScoreGroupBody",
     "SplitBody",
     "TaskBody",
     "TaskRangeBody",
@@ -45,15 +46,19 @@ __all__ = [
     "create_episode_request",
     "dumps",
     "idempotency_key",
+    "messages_json",
     "parse_body",
     "prepare_episodes_request",
     "run_tool_result_json",
+    "score_group_request",
+    "score_group_result_json",
     "secrets_from_header",
     "split_json",
     "task_json",
     "task_range_request",
     "task_request",
     "tool_call_request",
+    "tool_listing_json",
     "tools_json",
 ]
 
@@ -109,6 +114,8 @@ class CreateBody(Body):
     split: Optional[str] = None
     index: Optional[int] = None
     secrets: Optional[dict[str, str]] = None
+    #: A toolset registered with the server, attached to the episode (openreward).
+    toolset_name: Optional[str] = None
 
     @model_validator(mode="after")
     def _one_task_source(self) -> "CreateBody":
@@ -158,6 +165,119 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 def _check_json_text(raw: bytes, value: Any) -> None:
     if _SURROGATE_ESCAPE.search(raw):
         check_text(json.dumps(value, ensure_ascii=False), "the request's JSON")
+
+
+# Message blocks, shaped like openreward's (`type` tells them apart; a block
+# without one is told by its fields, as openreward's union does).
+
+
+class TextBlockBody(Body):
+    text: str
+    detail: Optional[dict[str, Any]] = None
+    type: Literal["text"] = "text"
+
+
+class ImageBlockBody(Body):
+    data: bytes  # base64 in JSON, raw bytes in the proto
+    mimeType: str
+    detail: Optional[dict[str, Any]] = None
+    type: Literal["image"] = "image"
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _base64(cls, value: Any) -> bytes:
+        if not isinstance(value, str):
+            raise ValueError("must be a base64 string")
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("must be a base64 string") from None
+
+
+class ReasoningBlockBody(Body):
+    text: str
+    signature: Optional[str] = None
+    detail: Optional[dict[str, Any]] = None
+    type: Literal["reasoning"] = "reasoning"
+
+
+class ToolCallBlockBody(Body):
+    id: str
+    name: str
+    input: dict[str, Any]
+    detail: Optional[dict[str, Any]] = None
+    type: Literal["tool_call"] = "tool_call"
+
+
+def _block_type(value: Any) -> str:
+    if isinstance(value, dict):
+        if "type" in value:
+            return value["type"]
+        for field, block_type in (("data", "image"), ("tool_call_id", "tool_result"), ("id", "tool_call")):
+            if field in value:
+                return block_type
+    return "text"
+
+
+PlainBlockBody = Annotated[
+    Union[Annotated[TextBlockBody, Tag("text")], Annotated[ImageBlockBody, Tag("image")]],
+    Discriminator(_block_type),
+]
+
+
+class ToolResultBlockBody(Body):
+    tool_call_id: str
+    blocks: list[PlainBlockBody]
+    is_error: bool = False
+    detail: Optional[dict[str, Any]] = None
+    type: Literal["tool_result"] = "tool_result"
+
+
+MessageBlockBody = Annotated[
+    Union[
+        Annotated[TextBlockBody, Tag("text")],
+        Annotated[ImageBlockBody, Tag("image")],
+        Annotated[ReasoningBlockBody, Tag("reasoning")],
+        Annotated[ToolCallBlockBody, Tag("tool_call")],
+        Annotated[ToolResultBlockBody, Tag("tool_result")],
+    ],
+    Discriminator(_block_type),
+]
+
+#: The block types each role may carry (openreward's placement rule).
+ROLE_BLOCK_TYPES = {
+    "system": frozenset({"text", "image"}),
+    "user": frozenset({"text", "image", "tool_result"}),
+    "assistant": frozenset({"text", "image", "reasoning", "tool_call"}),
+}
+
+
+class MessageBody(Body):
+    role: Literal["system", "user", "assistant"]
+    blocks: list[MessageBlockBody]
+    detail: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _placement(self) -> "MessageBody":
+        for block in self.blocks:
+            if block.type not in ROLE_BLOCK_TYPES[self.role]:
+                raise ValueError(
+                    f"A {block.type!r} block is not valid in a {self.role!r} message: reasoning and tool_call "
+                    "blocks belong in 'assistant' turns, tool_result blocks in 'user' turns"
+                )
+        return self
+
+
+class CandidateBody(Body):
+    messages: list[MessageBody]
+    metadata: Optional[dict[str, Any]] = None
+
+
+class ScoreGroupBody(Body):
+    """Body of `/{env}/score_group`."""
+
+    candidates: list[CandidateBody]
+    task_id: Optional[str] = None
 
 
 def parse_body(raw: bytes, model: type[Body]) -> Any:
@@ -233,6 +353,8 @@ def create_episode_request(
         env_name=body.env_name or "",
         secrets={**header_secrets, **(body.secrets or {})},
     )
+    if body.toolset_name is not None:
+        request.toolset_name = body.toolset_name
     if body.task_spec is not None:
         request.task_spec.CopyFrom(_json_value(body.task_spec))
     else:
@@ -280,6 +402,71 @@ def prepare_episodes_request(
         indices=[_int64(index) for index in body.indices or ()],
         secrets={**header_secrets, **(body.secrets or {})},
     )
+
+
+def _optional_json(value: Optional[dict[str, Any]]) -> Optional[types_pb2.JsonValue]:
+    return None if value is None else _json_value(value)
+
+
+def _text_proto(block: TextBlockBody) -> types_pb2.TextBlock:
+    return types_pb2.TextBlock(text=block.text, detail=_optional_json(block.detail))
+
+
+def _image_proto(block: ImageBlockBody) -> types_pb2.ImageBlock:
+    return types_pb2.ImageBlock(data=block.data, mime_type=block.mimeType, detail=_optional_json(block.detail))
+
+
+def _plain_block_proto(block: Union[TextBlockBody, ImageBlockBody]) -> types_pb2.Block:
+    if isinstance(block, ImageBlockBody):
+        return types_pb2.Block(image=_image_proto(block))
+    return types_pb2.Block(text=_text_proto(block))
+
+
+def _message_block_proto(block: Any) -> types_pb2.MessageBlock:
+    detail = _optional_json(block.detail)
+    if isinstance(block, ImageBlockBody):
+        return types_pb2.MessageBlock(image=_image_proto(block))
+    if isinstance(block, ReasoningBlockBody):
+        reasoning = types_pb2.ReasoningBlock(text=block.text, signature=block.signature, detail=detail)
+        return types_pb2.MessageBlock(reasoning=reasoning)
+    if isinstance(block, ToolCallBlockBody):
+        call = types_pb2.ToolCallBlock(id=block.id, name=block.name, input=_json_value(block.input), detail=detail)
+        return types_pb2.MessageBlock(tool_call=call)
+    if isinstance(block, ToolResultBlockBody):
+        result = types_pb2.ToolResultBlock(
+            tool_call_id=block.tool_call_id,
+            blocks=[_plain_block_proto(inner) for inner in block.blocks],
+            is_error=block.is_error,
+            detail=detail,
+        )
+        return types_pb2.MessageBlock(tool_result=result)
+    return types_pb2.MessageBlock(text=_text_proto(block))
+
+
+_ROLES = {
+    "system": types_pb2.MESSAGE_ROLE_SYSTEM,
+    "user": types_pb2.MESSAGE_ROLE_USER,
+    "assistant": types_pb2.MESSAGE_ROLE_ASSISTANT,
+}
+
+
+def _message_proto(message: MessageBody) -> types_pb2.Message:
+    return types_pb2.Message(
+        role=_ROLES[message.role],
+        blocks=[_message_block_proto(block) for block in message.blocks],
+        detail=_optional_json(message.detail),
+    )
+
+
+def score_group_request(session_id: str, body: ScoreGroupBody) -> service_pb2.ScoreGroupRequest:
+    candidates = [
+        types_pb2.GroupCandidate(
+            messages=[_message_proto(message) for message in candidate.messages],
+            metadata=_optional_json(candidate.metadata),
+        )
+        for candidate in body.candidates
+    ]
+    return service_pb2.ScoreGroupRequest(session_id=session_id, candidates=candidates, task_id=body.task_id or "")
 
 
 # --------------------------------------------------------------------------
@@ -335,22 +522,79 @@ def raw_json(value: types_pb2.JsonValue, present: bool = True) -> Raw:
     return Raw(text)
 
 
+def _image_json(image: types_pb2.ImageBlock) -> dict[str, Any]:
+    return {
+        # The base64 alphabet needs no JSON escaping: skip the encoder's scan.
+        "data": Raw('"' + base64.b64encode(image.data).decode("ascii") + '"'),
+        "mimeType": image.mime_type,
+        "detail": raw_json(image.detail, image.HasField("detail")),
+        "type": "image",
+    }
+
+
+def _text_json(text: types_pb2.TextBlock) -> dict[str, Any]:
+    return {"text": text.text, "detail": raw_json(text.detail, text.HasField("detail")), "type": "text"}
+
+
 def _block(block: types_pb2.Block) -> dict[str, Any]:
     if block.WhichOneof("block") == "image":
-        image = block.image
-        return {
-            # The base64 alphabet needs no JSON escaping: skip the encoder's scan.
-            "data": Raw('"' + base64.b64encode(image.data).decode("ascii") + '"'),
-            "mimeType": image.mime_type,
-            "detail": raw_json(image.detail, image.HasField("detail")),
-            "type": "image",
-        }
-    text = block.text
-    return {"text": text.text, "detail": raw_json(text.detail, text.HasField("detail")), "type": "text"}
+        return _image_json(block.image)
+    return _text_json(block.text)
 
 
 def blocks_json(blocks: Iterable[types_pb2.Block]) -> list[dict[str, Any]]:
     return [_block(block) for block in blocks]
+
+
+def _message_block(block: types_pb2.MessageBlock) -> dict[str, Any]:
+    """A message block in openreward's key order."""
+    kind = block.WhichOneof("block")
+    if kind == "reasoning":
+        reasoning = block.reasoning
+        return {
+            "text": reasoning.text,
+            "signature": reasoning.signature if reasoning.HasField("signature") else None,
+            "detail": raw_json(reasoning.detail, reasoning.HasField("detail")),
+            "type": "reasoning",
+        }
+    if kind == "tool_call":
+        call = block.tool_call
+        return {
+            "id": call.id,
+            "name": call.name,
+            "input": raw_json(call.input, call.HasField("input")),
+            "detail": raw_json(call.detail, call.HasField("detail")),
+            "type": "tool_call",
+        }
+    if kind == "tool_result":
+        result = block.tool_result
+        return {
+            "tool_call_id": result.tool_call_id,
+            "blocks": blocks_json(result.blocks),
+            "is_error": result.is_error,
+            "detail": raw_json(result.detail, result.HasField("detail")),
+            "type": "tool_result",
+        }
+    return _image_json(block.image) if kind == "image" else _text_json(block.text)
+
+
+_ROLE_NAMES = {
+    types_pb2.MESSAGE_ROLE_SYSTEM: "system",
+    types_pb2.MESSAGE_ROLE_USER: "user",
+    types_pb2.MESSAGE_ROLE_ASSISTANT: "assistant",
+}
+
+
+def messages_json(messages: Iterable[types_pb2.Message]) -> list[dict[str, Any]]:
+    """`[Message]`: `{"role", "blocks", "detail"}` each, as openreward answers `/messages`."""
+    return [
+        {
+            "role": _ROLE_NAMES.get(message.role, "user"),
+            "blocks": [_message_block(block) for block in message.blocks],
+            "detail": raw_json(message.detail, message.HasField("detail")),
+        }
+        for message in messages
+    ]
 
 
 def tools_json(tools: Iterable[types_pb2.ToolSpec]) -> dict[str, Any]:
@@ -365,6 +609,25 @@ def tools_json(tools: Iterable[types_pb2.ToolSpec]) -> dict[str, Any]:
             for tool in tools
         ]
     }
+
+
+def tool_listing_json(
+    listing: Union[service_pb2.ListToolsResponse, service_pb2.ListTaskToolsResponse],
+) -> dict[str, Any]:
+    """ListToolsOutput with openreward's fields: `{"tools", "terminal_tool",
+    "supports_score_group", "message_block_types"}` (ors-sdk clients read
+    `tools` only)."""
+    output = tools_json(listing.tools)
+    terminal = listing.terminal_tool
+    output["terminal_tool"] = (
+        {"name": terminal.name, "arg": terminal.arg if terminal.HasField("arg") else None,
+         "description": terminal.description}
+        if listing.HasField("terminal_tool")
+        else None
+    )
+    output["supports_score_group"] = listing.supports_score_group
+    output["message_block_types"] = list(listing.message_block_types)
+    return output
 
 
 _SPLIT_TYPES = {
@@ -382,10 +645,19 @@ def task_json(task: types_pb2.Task) -> Raw:
     return raw_json(task.spec, task.HasField("spec"))
 
 
+#: RunToolError `reason` (openreward); UNSPECIFIED is null.
+_REFUSAL_REASONS = {
+    types_pb2.RUN_TOOL_ERROR_REASON_NOT_FOUND: "not_found",
+    types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION: "name_collision",
+    types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION: "input_validation",
+    types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED: "episode_finished",
+}
+
+
 def run_tool_result_json(result: types_pb2.RunToolResult) -> str:
     """RunToolOutput as compact JSON text: the payload of a `/call` stream."""
     if result.WhichOneof("outcome") == "error":
-        return dumps({"ok": False, "error": result.error})
+        return dumps({"ok": False, "error": result.error, "reason": _REFUSAL_REASONS.get(result.reason)})
     output = result.output
     return dumps(
         {
@@ -396,5 +668,17 @@ def run_tool_result_json(result: types_pb2.RunToolResult) -> str:
                 "reward": output.reward if output.HasField("reward") else None,
                 "finished": output.finished,
             },
+        }
+    )
+
+
+def score_group_result_json(result: service_pb2.ScoreGroupResult) -> str:
+    """ScoreGroupOutput as compact JSON text: the payload of a `/score_group` stream."""
+    return dumps(
+        {
+            "scores": [
+                {"reward": score.reward, "metadata": raw_json(score.metadata, score.HasField("metadata"))}
+                for score in result.scores
+            ]
         }
     )

@@ -21,10 +21,10 @@ from aiohttp import web
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
-from ors_grpc.errors import http_status_for
+from ors_grpc.errors import RETRY_AFTER_S, http_status_for
 
 from . import _convert as convert
-from ._backend import EnvNames, call_metadata, error_reason, open_channel
+from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
@@ -44,6 +44,7 @@ LINGER_S = 1.0
 QUICK_RESULT_S = 0.01
 
 _UNKNOWN_TASK_ID = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID)
+_ENVIRONMENT_STARTING = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING)
 
 #: First path segments that are routes of their own, not environment names.
 ROOT_SEGMENTS = frozenset(
@@ -132,7 +133,12 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
         # The backend is down or restarting; the gRPC detail names internal
         # addresses, so keep it out. Both clients retry 503s.
         detail = "ORS backend unavailable, retry shortly"
-    if status in (429, 503):
+    if reason == _ENVIRONMENT_STARTING:
+        # As the openreward server answers a call that waited out its bound
+        # on setup(); its clients keep retrying while `starting` is said.
+        seconds = retry_after(exc) or str(RETRY_AFTER_S[errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING])
+        headers = {"X-Backend-State": "starting", "Retry-After": seconds}
+    elif status in (429, 503):
         headers = {"Retry-After": "1"}
     return _json({"detail": detail}, status, headers)
 
@@ -203,7 +209,7 @@ async def list_environments(request: web.Request) -> web.Response:
 async def list_tools(request: web.Request) -> web.Response:
     rpc_request = service_pb2.ListToolsRequest(env_name=request.match_info["env"])
     response = await _stub(request).ListTools(rpc_request, metadata=call_metadata(request))
-    return _json(convert.tools_json(response.tools))
+    return _json(convert.tool_listing_json(response))
 
 
 async def list_splits(request: web.Request) -> web.Response:
@@ -299,7 +305,14 @@ async def task_tools(request: web.Request) -> web.Response:
     session_id = _session_id(request)
     rpc_request = service_pb2.ListTaskToolsRequest(session_id=session_id)
     response = await _stub(request).ListTaskTools(rpc_request, metadata=call_metadata(request, session_id))
-    return _json(convert.tools_json(response.tools))
+    return _json(convert.tool_listing_json(response))
+
+
+async def get_messages(request: web.Request) -> web.Response:
+    session_id = _session_id(request)
+    rpc_request = service_pb2.GetMessagesRequest(session_id=session_id)
+    response = await _stub(request).GetMessages(rpc_request, metadata=call_metadata(request, session_id))
+    return _json(convert.messages_json(response.messages))
 
 
 # --------------------------------------------------------------------------
@@ -308,13 +321,7 @@ async def task_tools(request: web.Request) -> web.Response:
 
 
 async def call_tool(request: web.Request) -> web.StreamResponse:
-    """Run a tool (or attach to a running call by `task_id`) and stream its result.
-
-    The HTTP status is sent only once the backend has sent the call's task
-    id, so that errors before it (unknown session, setup failed, session
-    deleted) are real HTTP statuses; after it, failures are SSE `error`
-    events.
-    """
+    """Run a tool (or attach to a running call by `task_id`) and stream its result."""
     raw = await request.read()
     session_id = _session_id(request)
     body = convert.parse_body(raw, convert.CallBody)
@@ -323,6 +330,32 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     stream = _stub(request).CallTool(
         convert.tool_call_request(session_id, body, key), metadata=call_metadata(request, session_id)
     )
+    return await _task_events(request, stream, convert.run_tool_result_json)
+
+
+async def score_group(request: web.Request) -> web.StreamResponse:
+    """Score a group of candidates (or attach to a scoring by `task_id`): SSE as `/call`."""
+    raw = await request.read()
+    session_id = _session_id(request)
+    body = convert.parse_body(raw, convert.ScoreGroupBody)
+    stream = _stub(request).ScoreGroup(
+        convert.score_group_request(session_id, body), metadata=call_metadata(request, session_id)
+    )
+    return await _task_events(request, stream, convert.score_group_result_json)
+
+
+#: The JSON payload of a task stream's `result` message.
+ResultJson = Callable[[Any], str]
+
+
+async def _task_events(request: web.Request, stream: Any, result_json: ResultJson) -> web.StreamResponse:
+    """A task stream (CallTool, ScoreGroup) as SSE: `task_id`, then `chunk`*/`end` or `error`.
+
+    The HTTP status is sent only once the backend has sent the task id, so
+    that errors before it (unknown session, setup failed, session deleted,
+    score_group unsupported) are real HTTP statuses; after it, failures are
+    SSE `error` events.
+    """
     outcome: Optional[asyncio.Future] = None
     try:
         try:
@@ -337,32 +370,34 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
         outcome = asyncio.ensure_future(stream.read())
         await asyncio.wait({outcome}, timeout=QUICK_RESULT_S)
         if outcome.done():
-            return sse_response([("task_id", first.task_id), *_outcome_events(outcome)])
-        return await _stream_call(request, first.task_id, outcome)
+            return sse_response([("task_id", first.task_id), *_outcome_events(outcome, result_json)])
+        return await _stream_call(request, first.task_id, outcome, result_json)
     finally:
-        # Ends our watching only: the backend never cancels a tool with its stream.
+        # Ends our watching only: the backend never cancels a task with its stream.
         if outcome is not None:
             outcome.cancel()
         stream.cancel()
 
 
-async def _stream_call(request: web.Request, task_id: str, outcome: asyncio.Future) -> web.StreamResponse:
-    """The task id now, `: ping` while the tool runs, then its outcome."""
+async def _stream_call(
+    request: web.Request, task_id: str, outcome: asyncio.Future, result_json: ResultJson
+) -> web.StreamResponse:
+    """The task id now, `: ping` while the task runs, then its outcome."""
     writer = SSEWriter(request)
     await writer.start()
     try:
         await writer.event("task_id", task_id)
         await writer.wait_with_keepalive(outcome, request.app[CONFIG].keepalive_interval_s)
-        await writer.events(_outcome_events(outcome))
+        await writer.events(_outcome_events(outcome, result_json))
         await writer.finish()
     except ConnectionResetError:
         pass  # The client left; it may attach again by task id.
     return writer.response
 
 
-def _outcome_events(outcome: asyncio.Future) -> list[Event]:
-    """A call's result as `chunk`*/`end`, or its failure as `error`, from the
-    finished read of the call's second message."""
+def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Event]:
+    """A task's result as `chunk`*/`end`, or its failure as `error`, from the
+    finished read of the stream's second message."""
     try:
         message = outcome.result()
     except grpc.aio.AioRpcError as exc:
@@ -375,7 +410,7 @@ def _outcome_events(outcome: asyncio.Future) -> list[Event]:
         return []
     event = message.WhichOneof("event")
     if event == "result":
-        return chunk_events(convert.run_tool_result_json(message.result))
+        return chunk_events(result_json(message.result))
     if event == "failure":
         return [("error", message.failure.message)]
     return []
@@ -422,6 +457,8 @@ def _routes() -> list[web.RouteDef]:
         web.get("/{env}/task_tools", task_tools),
         web.post("/{env}/call", call_tool),
         web.post("/{env}/prepare", prepare_episodes),
+        web.get("/{env}/messages", get_messages),
+        web.post("/{env}/score_group", score_group),
     ]
 
 

@@ -47,15 +47,34 @@ class StartupError(Exception):
 
 
 def load_environment(spec: str) -> type:
+    """Import the Environment class `module.path:ClassName` (see `_import_class`)."""
+    from .environment import Environment
+
+    found = _import_class(spec, "environment")
+    if not (isinstance(found, type) and issubclass(found, Environment)):
+        hint = ""
+        if isinstance(found, type) and any(base.__module__.split(".")[0] == "ors" for base in found.__mro__):
+            hint = " (it subclasses the reference SDK's: import Environment from ors_grpc instead of ors)"
+        raise StartupError(f"{spec} is not a subclass of ors_grpc.Environment{hint}")
+    return found
+
+
+def load_toolset(spec: str) -> type:
+    """Import the toolset class `module.path:ClassName` (see `_import_class`)."""
+    found = _import_class(spec, "toolset")
+    if not isinstance(found, type):
+        raise StartupError(f"toolset {spec} is not a class")
+    return found
+
+
+def _import_class(spec: str, what: str) -> object:
     """Import `module.path:ClassName` (the current directory is importable).
 
     An exception raised while the module itself runs propagates, with the
     traceback into the user's own code."""
-    from .environment import Environment
-
     module_name, sep, class_name = spec.partition(":")
     if not sep or not module_name or not class_name:
-        raise StartupError(f"environment must look like module.path:ClassName, got {spec!r}")
+        raise StartupError(f"{what} must look like module.path:ClassName, got {spec!r}")
     if "" not in sys.path:
         sys.path.insert(0, "")
     try:
@@ -65,15 +84,9 @@ def load_environment(spec: str) -> type:
             raise  # the user's module imports something missing: show where
         raise StartupError(f"cannot import {module_name!r}: {exc}") from None
     try:
-        found = getattr(module, class_name)
+        return getattr(module, class_name)
     except AttributeError:
         raise StartupError(f"module {module_name!r} has no attribute {class_name!r}") from None
-    if not (isinstance(found, type) and issubclass(found, Environment)):
-        hint = ""
-        if isinstance(found, type) and any(base.__module__.split(".")[0] == "ors" for base in found.__mro__):
-            hint = " (it subclasses the reference SDK's: import Environment from ors_grpc instead of ors)"
-        raise StartupError(f"{spec} is not a subclass of ors_grpc.Environment{hint}")
-    return found
 
 
 def _check_environments(environments: Sequence[type]) -> list[str]:
@@ -181,6 +194,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", default=None, metavar="FILE",
                        help="PEM certificate chain: serve TLS on the gRPC and HTTP doors (needs --tls-key)")
     serve.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
+    serve.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
+                       help="register a Toolset that episodes may attach by name (toolset_name); repeatable")
+    serve.add_argument("--setup-wait", type=_positive_number(float), default=25.0, metavar="SECONDS",
+                       help="seconds a session call waits for setup before answering 'still starting' (503)")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
 
@@ -305,7 +322,7 @@ def _serving_line(names: Sequence[str]) -> str:
 
 async def serve_until_signal(
     environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
-    metrics_port: int | None = None, http_limits: Any = None,
+    metrics_port: int | None = None, http_limits: Any = None, *, toolsets: Any = (),
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
     announcing the doors on stdout once all are bound; then stop gracefully.
@@ -316,7 +333,7 @@ async def serve_until_signal(
     ssl_context = _https_context(config.tls_cert, config.tls_key)
     await _bind("gRPC", host, port, _probe_port(host, port))
     server, bound_port = await _bind(
-        "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config)
+        "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
     )
     runner: Any = None
     metrics_runner: Any = None
@@ -385,9 +402,11 @@ async def _serve(args: argparse.Namespace) -> None:
         warm_ttl_s=args.warm_ttl,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        setup_wait_s=args.setup_wait,
     )
+    toolsets = [load_toolset(spec) for spec in args.toolsets]
     await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port,
-                             _http_limits(args))
+                             _http_limits(args), toolsets=toolsets)
 
 
 async def _bridge(args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "GRPC_TO_HTTP",
     "ORSError",
     "REASONS",
+    "RETRY_AFTER_S",
     "Reason",
     "abort",
     "environment_error",
@@ -64,6 +65,10 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID: Mapping(grpc.StatusCode.NOT_FOUND, 404),
     errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     errors_pb2.ERROR_REASON_UNAUTHENTICATED: Mapping(grpc.StatusCode.UNAUTHENTICATED, 401),
+    errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED: Mapping(grpc.StatusCode.UNIMPLEMENTED, 404),
+    errors_pb2.ERROR_REASON_UNKNOWN_TOOLSET: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    # Detail `Environment still starting.`; the bridge adds `X-Backend-State: starting` and `Retry-After`.
+    errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: Mapping(grpc.StatusCode.UNAVAILABLE, 503),
     # 422 as the IETF Idempotency-Key draft answers a key reused with another payload.
     errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 422),
     # The reference answers 500 when the environment's code raises.
@@ -72,6 +77,13 @@ REASONS: dict[int, Mapping] = {
     # which is about the request), and not worth a retry (no 429).
     errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 500),
     errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+}
+
+#: Seconds to wait before retrying, per reason: sent as the `retry-after`
+#: trailing metadata entry (the bridge's `Retry-After` header).
+RETRY_AFTER_S: dict[int, int] = {
+    errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: 1,
+    errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: 2,
 }
 
 #: gRPC code to HTTP status for errors without an ORS reason, as in
@@ -133,10 +145,12 @@ def message_too_large(what: str, size_bytes: int, limit_bytes: int) -> ORSError:
 def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
     """The trailing metadata of a failed RPC: the reason as `ors-error-reason`,
     the whole error as a google.rpc.Status with one ErrorInfo in
-    `grpc-status-details-bin`, and `retry-after` when the server is full."""
+    `grpc-status-details-bin`, and `retry-after` when the server is full or the
+    environment still starting."""
     metadata = dict(error.metadata)
-    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
-        metadata["retry_after_s"] = "1"
+    retry_after_s = RETRY_AFTER_S.get(error.reason)
+    if retry_after_s is not None:
+        metadata["retry_after_s"] = str(retry_after_s)
     info = error_details_pb2.ErrorInfo(reason=error.reason_name, domain=ERROR_DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
@@ -145,8 +159,8 @@ def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
         (ERROR_REASON_METADATA_KEY, error.reason_name),
         (STATUS_DETAILS_METADATA_KEY, status.SerializeToString()),
     ]
-    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
-        entries.append(("retry-after", "1"))
+    if retry_after_s is not None:
+        entries.append(("retry-after", str(retry_after_s)))
     return tuple(entries)
 
 

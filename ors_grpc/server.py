@@ -28,7 +28,7 @@ from . import metrics
 from . import tracing
 from .errors import ORSError, abort
 from .inprocess import InProcessChannel
-from .service import EnvironmentService
+from .service import EnvironmentService, ToolsetRegistry
 from .sessions import SessionTable
 from .warm_pool import DEFAULT_WARM_TTL_S
 
@@ -78,6 +78,9 @@ class ServerConfig:
     #: PEM certificate chain and private key files: serve TLS instead of plaintext.
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: Seconds a session call waits for the episode's setup before failing
+    #: with ENVIRONMENT_STARTING (HTTP 503), to be retried; openreward's 25 s.
+    setup_wait_s: float = 25.0
 
 
 class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -234,12 +237,15 @@ async def create_server(
     address: str = "127.0.0.1:0",
     *,
     config: ServerConfig = ServerConfig(),
+    toolsets: ToolsetRegistry = (),
 ) -> tuple[grpc.aio.Server, int]:
     """Build and start a server for `environments` (the first is the default).
 
-    Returns the started server and the port it listens on (useful with port
-    0). `await server.stop(grace)` stops accepting calls, then ends every
-    session.
+    `toolsets` (Toolset classes, registered by `name()`, or a mapping of
+    names to classes) can be attached to an episode by name
+    (`toolset_name`). Returns the started server and the port it listens on
+    (useful with port 0). `await server.stop(grace)` stops accepting calls,
+    then ends every session.
     """
     sessions = SessionTable(
         session_timeout_s=config.session_timeout_s,
@@ -248,8 +254,9 @@ async def create_server(
         max_sessions=config.max_sessions,
         tool_timeout_s=config.tool_timeout_s,
         warm_ttl_s=config.warm_ttl_s,
+        setup_wait_s=config.setup_wait_s,
     )
-    service = EnvironmentService(environments, sessions, max_message_bytes=config.max_message_bytes)
+    service = EnvironmentService(environments, sessions, toolsets, max_message_bytes=config.max_message_bytes)
     # Metrics first: it also counts the calls the key check rejects.
     interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
     interceptors[:0] = tracing.server_interceptors()  # when on, before all: its span covers the whole call
@@ -337,13 +344,16 @@ class Server:
         return_errors: str = "exception",
         *,
         config: ServerConfig = ServerConfig(),
+        toolsets: ToolsetRegistry = (),
     ) -> None:
         # Fail at construction, as the reference does, not when serving.
-        from .service import environment_map
+        from .service import environment_map, toolset_map
 
         environment_map(environments)
+        toolset_map(toolsets)
         self.environments = list(environments)
         self.config = config
+        self.toolsets = toolsets
         # Accepted for signature compatibility: errors always carry the
         # exception's message here (the reference's default).
         self.return_errors = return_errors
@@ -354,4 +364,4 @@ class Server:
 
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO)
-        asyncio.run(serve_until_signal(self.environments, host, grpc_port, port, self.config))
+        asyncio.run(serve_until_signal(self.environments, host, grpc_port, port, self.config, toolsets=self.toolsets))

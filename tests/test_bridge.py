@@ -10,6 +10,7 @@ from typing import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
+from ors_grpc.tool_calls import EPISODE_FINISHED
 from tests.bridge_http import call, create_episode, new_session_id, parse_sse, read_sse
 from tests.environments import TEST_TASKS, TRAIN_TASKS
 from tests.servers import ServeProcess, start_serve
@@ -121,7 +122,7 @@ async def test_create_session_answers_sse_or_json_by_accept(http: aiohttp.Client
 
 
 async def test_full_episode(http: aiohttp.ClientSession) -> None:
-    sid = await create_episode(http, {"split": "train", "index": 0, "toolset_name": "ignored"})
+    sid = await create_episode(http, {"split": "train", "index": 0, "priority": "ignored"})
     headers = {"X-Session-ID": sid}
     async with http.get("/echoenv/prompt", headers=headers) as response:
         assert await response.json() == [{"text": "Say hello", "detail": None, "type": "text"}]
@@ -144,7 +145,8 @@ async def test_full_episode(http: aiohttp.ClientSession) -> None:
 
     submitted = (await call(http, sid, "submit", {"answer": "hello"})).result()["output"]
     assert (submitted["reward"], submitted["finished"]) == (1.0, True)
-    assert (await call(http, sid, "echo", {"text": "late"})).result() == {"ok": False, "error": "episode finished"}
+    assert (await call(http, sid, "echo", {"text": "late"})).result() == {
+        "ok": False, "error": EPISODE_FINISHED.format(name="echo"), "reason": "episode_finished"}
 
     async with http.post("/ping", headers=headers) as response:
         assert await response.json() == {"status": "ok"}
@@ -266,7 +268,8 @@ async def test_reconnect_gets_the_result_without_running_the_tool_again(http: ai
     again = await call(http, sid, "submit", {"answer": "hello"}, task_id=task_id)
     assert again.data("task_id") == task_id
     assert again.result()["output"]["reward"] == 1.0
-    assert (await call(http, sid, "submit", {"answer": "hello"})).result() == {"ok": False, "error": "episode finished"}
+    assert (await call(http, sid, "submit", {"answer": "hello"})).result() == {
+        "ok": False, "error": EPISODE_FINISHED.format(name="submit"), "reason": "episode_finished"}
 
 
 async def test_an_unknown_task_id_is_an_sse_error(http: aiohttp.ClientSession) -> None:

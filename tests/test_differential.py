@@ -173,7 +173,41 @@ def ours_adds_env_name(reference: dict, ours: dict) -> bool:
     return body.pop("env_name") == "echoenv" and canonical({**ours, "body": body}) == canonical(reference)
 
 
+#: What the openreward SDK (>= 0.1.157) added to the tool listings; the ors-sdk client reads `tools` only.
+OPENREWARD_LISTING = {
+    "terminal_tool": None,
+    "supports_score_group": False,
+    "message_block_types": ["text", "image", "reasoning", "tool_call", "tool_result"],
+}
+
+
+def ours_adds_openreward_listing(reference: dict, ours: dict) -> bool:
+    body = dict(ours["body"])
+    added = {key: body.pop(key) for key in OPENREWARD_LISTING}
+    return added == OPENREWARD_LISTING and canonical({**ours, "body": body}) == canonical(reference)
+
+
+def ours_adds_reason(reason: str) -> Check:
+    def check(reference: dict, ours: dict) -> bool:
+        result = dict(ours["body"]["result"])
+        return result.pop("reason") == reason and canonical(
+            {**ours, "body": {**ours["body"], "result": result}}
+        ) == canonical(reference)
+
+    return check
+
+
+LISTING_REASON = "we add openreward's fields to tool listings (terminal_tool, supports_score_group, message_block_types)"
+REASON_REASON = "refusals carry openreward's `reason`"
+
 EXCEPTIONS: dict[str, tuple[str, Check]] = {
+    "tools": (LISTING_REASON, ours_adds_openreward_listing),
+    "tools case-insensitive": (LISTING_REASON, ours_adds_openreward_listing),
+    "task_tools": (LISTING_REASON, ours_adds_openreward_listing),
+    "task_tools other env path": (LISTING_REASON, ours_adds_openreward_listing),
+    "task_tools without task tools": (LISTING_REASON, ours_adds_openreward_listing),
+    "call unknown tool": (REASON_REASON, ours_adds_reason("not_found")),
+    "call bad input": (REASON_REASON, ours_adds_reason("input_validation")),
     "version": (
         "GET /version is a spec decision; the reference has no such route (308, then 404)",
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 200 and set(ours["body"]) == {"version"},
@@ -212,7 +246,10 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
     "call after finished": (
         "a finished episode refuses further calls (spec decision); the reference runs the tool",
         lambda ref, ours: ref["body"]["result"]["ok"] is True
-        and ours["body"]["result"] == {"ok": False, "error": "episode finished"},
+        and ours["body"]["result"]["ok"] is False
+        and ours["body"]["result"]["reason"] == "episode_finished"
+        and ours["body"]["result"]["error"].endswith("the episode has finished (a tool returned finished=True), "
+                                                     "so no further tool calls are accepted."),
     ),
     "secret from body and header": (
         "secrets from X-Secrets are merged in (spec decision); the reference ignores that header",

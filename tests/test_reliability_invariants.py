@@ -13,11 +13,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from ors_grpc.tool_calls import EPISODE_FINISHED
 from tests.reliability_helpers import http_call, http_episode, http_stats, serve_probe
 
 pytestmark = pytest.mark.timeout(60)
 
-FINISHED = {"ok": False, "error": "episode finished"}
+
+def refused_as_finished(result: dict, name: str) -> bool:
+    return result == {"ok": False, "error": EPISODE_FINISHED.format(name=name), "reason": "episode_finished"}
 
 
 async def test_after_finished_every_call_ends_with_episode_finished_without_running(tmp_path: Path) -> None:
@@ -29,7 +32,7 @@ async def test_after_finished_every_call_ends_with_episode_finished_without_runn
             for name, tool_input in [("submit", {"answer": "yes"}), ("echo_tag", {}), ("slow", {"seconds": 0})]:
                 stream = await http_call(http, sid, name, tool_input)
                 assert stream.names() == ["task_id", "end"]  # a tool-level answer, not an SSE error
-                assert stream.result() == FINISHED
+                assert refused_as_finished(stream.result(), name)
             async with http.post("/delete", headers={"X-Session-ID": sid}) as response:
                 assert response.status == 200
     # The teardown recorded the session's runs: only the first submit ran.

@@ -13,7 +13,9 @@ from pydantic import BaseModel
 
 from ors_grpc import TextBlock, ToolOutput, tool
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.server import ServerConfig
+from ors_grpc.tool_calls import EPISODE_FINISHED
 from tests.conftest import call_tool, create_episode, error_reason, expect_error, serving, tool_call
 from tests.environments import EchoEnv, image_bytes
 
@@ -223,7 +225,8 @@ async def test_no_tool_runs_after_the_episode_finished(stub) -> None:
     assert event.result.output.finished and event.result.output.reward == 1.0
     for name, tool_input in [("count", None), ("submit", {"answer": "42"})]:
         _, event = await call_tool(stub, sid, name, tool_input)
-        assert event.result.error == "episode finished"
+        assert event.result.error == EPISODE_FINISHED.format(name=name)
+        assert event.result.reason == types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED
     assert CountingEnv.runs == {}
 
 

@@ -28,6 +28,7 @@ Metadata = tuple[tuple[str, str], ...]
 IDEMPOTENT_RPCS = (
     "Health", "Version", "ListEnvironments", "ListTools", "ListSplits", "ListTasks", "NumTasks", "GetTask",
     "GetTaskRange", "CreateSessionId", "GetPrompt", "ListTaskTools", "Ping", "DeleteEpisode", "DeleteSessionId",
+    "GetMessages",
 )
 RETRY_SERVICE_CONFIG = json.dumps({
     "methodConfig": [{
@@ -105,6 +106,10 @@ class Connection:
     def call_tool_stream(self, request: Any, route_key: str) -> grpc.aio.UnaryStreamCall:
         """The raw CallTool stream: its AioRpcError is the caller's to classify (break or failure)."""
         return self.stub.CallTool(request, metadata=self.metadata(route_key))
+
+    def score_group_stream(self, request: Any, route_key: str) -> grpc.aio.UnaryStreamCall:
+        """The raw ScoreGroup stream, as `call_tool_stream`."""
+        return self.stub.ScoreGroup(request, metadata=self.metadata(route_key))
 
     def _run_episode_call(self, route_key: str) -> grpc.aio.StreamStreamCall:
         """A RunEpisode call routed by `route_key` (an episode's session id, as `x-session-id`)."""
