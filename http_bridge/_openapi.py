@@ -104,10 +104,41 @@ SCHEMAS: dict[str, Any] = {
             "input_schema": {**_NULLABLE_OBJECT, "description": "A JSON Schema; null for a tool without parameters."},
         },
     },
+    "TerminalToolSpec": {
+        "type": "object",
+        "required": ["name", "arg", "description"],
+        "properties": {"name": {"type": "string"}, "arg": {"type": "string"}, "description": {"type": "string"}},
+    },
     "ListToolsOutput": {
         "type": "object",
-        "required": ["tools"],
-        "properties": {"tools": {"type": "array", "items": _ref("ToolSpec")}},
+        "required": ["tools", "terminal_tool", "supports_score_group", "message_block_types"],
+        "properties": {
+            "tools": {"type": "array", "items": _ref("ToolSpec")},
+            "terminal_tool": {
+                "oneOf": [_ref("TerminalToolSpec"), {"type": "null"}],
+                "description": "openreward: the tool the agent's final message goes to; not in `tools`.",
+            },
+            "supports_score_group": {"type": "boolean"},
+            "message_block_types": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "Message": {
+        "type": "object",
+        "required": ["role", "blocks", "detail"],
+        "properties": {
+            "role": {"enum": ["system", "user", "assistant"]},
+            "blocks": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["text", "image", "reasoning", "tool_call", "tool_result"]}}}},
+            "detail": _NULLABLE_OBJECT,
+        },
+    },
+    "ScoreGroupOutput": {
+        "description": "The payload of a group scoring's `chunk`/`end` events: one score per candidate.",
+        "type": "object",
+        "required": ["scores"],
+        "properties": {"scores": {"type": "array", "items": {
+            "type": "object", "required": ["reward", "metadata"],
+            "properties": {"reward": {"type": "number"}, "metadata": _NULLABLE_OBJECT}}}},
     },
     "ToolOutput": {
         "type": "object",
@@ -130,7 +161,12 @@ SCHEMAS: dict[str, Any] = {
             {
                 "type": "object",
                 "required": ["ok", "error"],
-                "properties": {"ok": {"const": False}, "error": {"type": "string"}},
+                "properties": {
+                    "ok": {"const": False},
+                    "error": {"type": "string"},
+                    "reason": {"enum": ["not_found", "name_collision", "input_validation", "episode_finished",
+                                        None]},
+                },
             },
         ],
     },
@@ -169,6 +205,7 @@ BODY_MODELS = {
     "CreateBody": convert.CreateBody,
     "CallBody": convert.CallBody,
     "PrepareBody": convert.PrepareBody,
+    "ScoreGroupBody": convert.ScoreGroupBody,
 }
 
 
@@ -265,6 +302,15 @@ OPERATIONS: tuple[Operation, ...] = (
                                  "another tool or input).",
                   "schema": {"type": "string", "minLength": 1, "maxLength": 130},
               }]}),
+    Operation("get", "/{env}/messages", "get_messages", "openreward: the prompt as messages", "episode",
+              {"type": "array", "items": _ref("Message")}, session=True, errors=_SESSION_ERRORS,
+              description="Waits for setup. An environment without `get_messages` answers its prompt as one "
+                          "user message."),
+    Operation("post", "/{env}/score_group", "score_group", "openreward: score a group of candidates", "episode",
+              "ScoreGroupOutput", body="ScoreGroupBody", session=True, errors=_SESSION_ERRORS + (422,), sse=True,
+              description="SSE exactly as `/{env}/call` (task id, `chunk`*/`end` or `error`, keepalive, reattach "
+                          "by `task_id`); the payload is one score per candidate. 404 before the stream when the "
+                          "environment does not implement `score_group`."),
     Operation("post", "/{env}/prepare", "prepare_episodes", "Extension: set episodes up ahead (warm episodes)",
               "extensions", "Preparing", body="PrepareBody", errors=(400, 404, 429),
               description="Not in ORS. Each entry has the server construct the environment and run `setup()` "
@@ -319,29 +365,41 @@ def _schema(response: Any) -> Any:
     return _ref(response) if isinstance(response, str) else response
 
 
+#: Routes answered by a task stream (`/call`'s SSE grammar), with an example `end` payload.
+TASK_STREAMS = {
+    "/{env}/call": '{"ok":true,"output":{"blocks":[{"text":"correct","detail":null,"type":"text"}],'
+                   '"metadata":null,"reward":1.0,"finished":true}}',
+    "/{env}/score_group": '{"scores":[{"reward":1.0,"metadata":null},{"reward":0.0,"metadata":null}]}',
+}
+
+
+def _task_stream_response(op: Operation) -> dict[str, Any]:
+    """An SSE task stream: `task_id`, then `chunk`* + `end` (payload `op.response`) or `error`."""
+    return {
+        "description": f"An SSE stream: `task_id`, then `chunk`* + `end` (a {op.response}) or `error`.",
+        "headers": {
+            "Cache-Control": {"schema": {"const": "no-cache"}},
+            "X-Accel-Buffering": {"schema": {"const": "no"}},
+        },
+        "content": {
+            "text/event-stream": {
+                "schema": {"type": "string", "description": SSE_GRAMMAR},
+                "x-sse-events": {"task_id": {"type": "string"}, "chunk": {"type": "string"},
+                                 "end": {"type": "string", "contentMediaType": "application/json",
+                                         "contentSchema": _ref(op.response)},
+                                 "error": {"type": "string"}},
+                "example": "event: task_id\ndata: 9b2f0c6e4d1a4e0f8a7b3c2d1e0f9a8b\n\n"
+                           f"event: end\ndata: {TASK_STREAMS[op.path]}\n\n",
+            },
+        },
+    }
+
+
 def _ok_response(op: Operation) -> dict[str, Any]:
     if op.path == "/docs":
         return {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
-    if op.path == "/{env}/call":
-        return {
-            "description": "An SSE stream: `task_id`, then `chunk`* + `end` (a RunToolOutput) or `error`.",
-            "headers": {
-                "Cache-Control": {"schema": {"const": "no-cache"}},
-                "X-Accel-Buffering": {"schema": {"const": "no"}},
-            },
-            "content": {
-                "text/event-stream": {
-                    "schema": {"type": "string", "description": SSE_GRAMMAR},
-                    "x-sse-events": {"task_id": {"type": "string"}, "chunk": {"type": "string"},
-                                     "end": {"type": "string", "contentMediaType": "application/json",
-                                             "contentSchema": _ref("RunToolOutput")},
-                                     "error": {"type": "string"}},
-                    "example": 'event: task_id\ndata: 9b2f0c6e4d1a4e0f8a7b3c2d1e0f9a8b\n\n'
-                               'event: end\ndata: {"ok":true,"output":{"blocks":[{"text":"correct","detail":null,'
-                               '"type":"text"}],"metadata":null,"reward":1.0,"finished":true}}\n\n',
-                },
-            },
-        }
+    if op.path in TASK_STREAMS:
+        return _task_stream_response(op)
     content: dict[str, Any] = {"application/json": {"schema": _schema(op.response)}}
     if op.sse:  # /create_session
         content["text/event-stream"] = {
@@ -396,7 +454,9 @@ def openapi_document() -> dict[str, Any]:
         paths.setdefault(op.path, {})[op.method] = _operation(op)
     schemas = dict(SCHEMAS)
     for name, model in BODY_MODELS.items():
-        schemas[name] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))  # nested models (a message's blocks) are components too
+        schemas[name] = schema
     return {
         "openapi": "3.1.0",
         "info": {
