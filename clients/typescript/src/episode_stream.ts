@@ -1,0 +1,222 @@
+// Episodes over one RunEpisode stream: each step is one request answered by
+// one response, in order; after an episode's `delete` step the stream can
+// carry the next episode.
+import { randomUUID } from "node:crypto";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { Code } from "@connectrpc/connect";
+import type { Connection } from "./connection.js";
+import { Episode, type ORSEpisode } from "./episode.js";
+import { ORSError } from "./errors.js";
+import type { RunEpisodeRequestSchema, RunEpisodeResponse } from "./gen/ors/v1/environment_service_pb.js";
+import { ErrorReason } from "./gen/ors/v1/errors_pb.js";
+import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
+import { isBreak, outcomeOf, reattach, type CallToolOptions, type SessionRoute } from "./tool_calls.js";
+import { jsonValue, toBlock, toToolSpec, type Block, type JsonObject, type TaskSource, type ToolOutput, type ToolSpec } from "./types.js";
+
+type Step = MessageInitShape<typeof RunEpisodeRequestSchema>["step"];
+type Answer = RunEpisodeResponse["step"];
+type AnswerCase = Exclude<Answer["case"], "error" | undefined>;
+type AnswerOf<K extends AnswerCase> = Extract<Answer, { case: K }>["value"];
+
+/** Opened by `ORSClient.openEpisodeStream()`. Steps run one at a time, in call order. */
+export class EpisodeStream implements AsyncDisposable {
+  private readonly requests = new RequestQueue<{ step: Step }>();
+  private readonly answers: AsyncIterator<RunEpisodeResponse>;
+  private readonly cancel = new AbortController();
+  private turn: Promise<unknown> = Promise.resolve();
+  private broken: ORSError | undefined;
+
+  /**
+   * `routeKey` is the `x-session-id` the stream opens with: a load balancer
+   * keeps the whole stream, so every episode on it, on the backend that key
+   * chooses, and the episodes' own RPCs (attach, ping) send it too.
+   */
+  constructor(
+    private readonly connection: Connection,
+    readonly routeKey: string = randomUUID(),
+  ) {
+    const options = connection.routed(routeKey, this.cancel.signal);
+    this.answers = connection.service.runEpisode(this.requests, options)[Symbol.asyncIterator]();
+  }
+
+  /** Why the stream broke (it then carries no more steps), if it did. */
+  get failure(): ORSError | undefined {
+    return this.broken;
+  }
+
+  /** Starts an episode of `envName` on this stream (a `create` step). */
+  async createEpisode(envName: string, task: TaskSource, options: EpisodeOptions = {}): Promise<StreamEpisode> {
+    const request = createEpisodeRequest(options.sessionId ?? randomUUID(), envName, task, options.secrets);
+    const { sessionId } = await this.step({ case: "create", value: request }, "create");
+    return new StreamEpisode(this, { connection: this.connection, sessionId, routeKey: this.routeKey });
+  }
+
+  /** Sends one step and resolves to its answer; a failed step rejects with its ORSError. */
+  step<K extends AnswerCase>(step: Step, expected: K): Promise<AnswerOf<K>> {
+    const answer = this.turn.then(() => this.exchange(step, expected));
+    this.turn = answer.catch(() => {});
+    return answer;
+  }
+
+  /** Ends the stream, leaving any open episode open (reachable by its RPCs). */
+  abort(reason?: unknown): void {
+    this.cancel.abort(reason);
+  }
+
+  /** Half-closes the stream and waits for the server to end it. */
+  async close(): Promise<void> {
+    this.requests.end();
+    await this.turn;
+    if (this.broken !== undefined) return;
+    try {
+      while (!(await this.answers.next()).done);
+    } catch (error) {
+      throw ORSError.from(error);
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  private async exchange<K extends AnswerCase>(step: Step, expected: K): Promise<AnswerOf<K>> {
+    if (this.broken !== undefined) throw this.broken;
+    this.requests.push({ step });
+    let next: IteratorResult<RunEpisodeResponse>;
+    try {
+      next = await this.answers.next();
+    } catch (error) {
+      throw (this.broken = ORSError.from(error));
+    }
+    if (next.done) {
+      throw (this.broken = new ORSError(Code.Unavailable, ErrorReason.UNSPECIFIED, "the RunEpisode stream ended before answering"));
+    }
+    const answer = next.value.step;
+    if (answer.case === "error") throw ORSError.fromStepError(answer.value);
+    if (answer.case !== expected) {
+      throw new ORSError(Code.Internal, ErrorReason.UNSPECIFIED, `expected a ${expected} answer, got ${answer.case}`);
+    }
+    return answer.value as AnswerOf<K>;
+  }
+}
+
+/**
+ * An episode on a RunEpisode stream. Its steps go on the stream; once the
+ * stream broke they go by their own RPCs (a step caught by the break is
+ * repeated that way, and a tool call is attached to by its task id, so the
+ * tool runs once).
+ */
+export class StreamEpisode implements ORSEpisode {
+  private readonly byRpc: Episode;
+
+  /** Use `EpisodeStream.createEpisode`. */
+  constructor(
+    private readonly stream: EpisodeStream,
+    private readonly route: SessionRoute,
+  ) {
+    this.byRpc = new Episode(route);
+  }
+
+  get sessionId(): string {
+    return this.route.sessionId;
+  }
+
+  getPrompt(): Promise<Block[]> {
+    return this.onStream(
+      async () => (await this.stream.step({ case: "getPrompt", value: {} }, "getPrompt")).blocks.map(toBlock),
+      () => this.byRpc.getPrompt(),
+    );
+  }
+
+  listTools(): Promise<ToolSpec[]> {
+    return this.onStream(
+      async () => (await this.stream.step({ case: "listTaskTools", value: {} }, "listTaskTools")).tools.map(toToolSpec),
+      () => this.byRpc.listTools(),
+    );
+  }
+
+  /** A call made here carries a task id this client chose, so even a break before any answer is attached to. */
+  async callTool(name: string, input: JsonObject = {}, options: CallToolOptions = {}): Promise<ToolOutput> {
+    if (this.stream.failure !== undefined) return this.byRpc.callTool(name, input, options);
+    const taskId = randomUUID();
+    options.onTaskId?.(taskId);
+    const abort = () => this.stream.abort(options.signal?.reason);
+    options.signal?.addEventListener("abort", abort, { once: true });
+    try {
+      const answer = await this.stream.step({ case: "callTool", value: { name, input: jsonValue(input), taskId } }, "callTool");
+      return outcomeOf(name, answer.event);
+    } catch (error) {
+      if (error !== this.stream.failure || !isBreak(error, options.signal)) throw error;
+      return this.reattach(name, taskId, error, options.signal);
+    } finally {
+      options.signal?.removeEventListener("abort", abort);
+    }
+  }
+
+  attach(taskId: string, options: { signal?: AbortSignal } = {}): Promise<ToolOutput> {
+    return this.byRpc.attach(taskId, options);
+  }
+
+  ping(): Promise<void> {
+    return this.byRpc.ping();
+  }
+
+  /** The `delete` step (after which the stream may carry another episode). */
+  async close(): Promise<void> {
+    await this.onStream(
+      async () => void (await this.stream.step({ case: "delete", value: {} }, "delete")),
+      () => this.byRpc.close(),
+    );
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  private async onStream<T>(viaStream: () => Promise<T>, viaRpc: () => Promise<T>): Promise<T> {
+    if (this.stream.failure === undefined) {
+      try {
+        return await viaStream();
+      } catch (error) {
+        if (error !== this.stream.failure) throw error;
+      }
+    }
+    return viaRpc();
+  }
+
+  private async reattach(name: string, taskId: string, broke: ORSError, signal?: AbortSignal): Promise<ToolOutput> {
+    try {
+      return await reattach(this.route, name, taskId, broke, signal);
+    } catch (error) {
+      if (!(error instanceof ORSError) || error.reason !== ErrorReason.UNKNOWN_TASK_ID) throw error;
+      const detail = `the episode stream broke before the server got the call: tool ${JSON.stringify(name)} did not run`;
+      throw new ORSError(Code.Unavailable, ErrorReason.UNKNOWN_TASK_ID, detail, { cause: error });
+    }
+  }
+}
+
+/** The requests of a stream: an async iterable that waits for the next one pushed, until ended. */
+class RequestQueue<T> implements AsyncIterable<T> {
+  private readonly items: T[] = [];
+  private ended = false;
+  private wake: () => void = () => {};
+
+  push(item: T): void {
+    this.items.push(item);
+    this.wake();
+  }
+
+  end(): void {
+    this.ended = true;
+    this.wake();
+  }
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item !== undefined) yield item;
+      else if (this.ended) return;
+      else await new Promise<void>((resolve) => (this.wake = resolve));
+    }
+  }
+}
