@@ -1,30 +1,30 @@
-// An episode of the example environment `arithmetic`, with the typed client.
-// Run from clients/typescript after `npm ci`: node dist/examples/quickstart.js
-import { ORSClient, ToolCallError } from "../src/index.js";
+// Episodes of the example environment `arithmetic` with the typed client: one
+// RPC per step, then on a RunEpisode stream. In clients/typescript, after
+// `npm ci` (which compiles it): node dist/examples/quickstart.js
+import { ORSClient, ToolCallError, textOf } from "../src/index.js";
 
-const client = new ORSClient(process.env.ORS_TARGET ?? "127.0.0.1:50051", { apiKey: process.env.ORS_API_KEY });
+// Options: { apiKey: "KEY" } for `--api-key KEY`; { tls: { ca: readFileSync("cert.pem") } } for TLS.
+const client = new ORSClient(process.env.ORS_TARGET ?? "127.0.0.1:50051");
 const env = client.environment("arithmetic");
 console.log(await env.listSplits()); // [ { name: 'train', type: 'train' }, { name: 'test', type: 'test' } ]
 
 {
-  await using episode = await env.createEpisode({ split: "train", index: 0 }); // closed at the end of the block
-  const [prompt] = await episode.getPrompt();
-  console.log(prompt.type === "text" ? prompt.text : prompt.mimeType); // What is 12 + 30? ...
+  await using episode = await env.createEpisode({ split: "train", index: 0 }); // closed when the block ends
+  console.log(textOf(await episode.getPrompt())); // What is 12 + 30? Use the calculator, then submit the answer.
   const sum = await episode.callTool("calculator", { a: 12, b: 30, op: "+" });
-  console.log(sum.blocks[0].type === "text" && sum.blocks[0].text); // 42
+  console.log(textOf(sum.blocks)); // 42
   try {
     await episode.callTool("no_such_tool", {});
   } catch (error) {
-    if (!(error instanceof ToolCallError)) throw error;
-    console.log("refused:", error.detail); // a tool-level error: the server did not run it
+    if (!(error instanceof ToolCallError)) throw error; // ToolFailedError: the tool raised; ORSError: the RPC failed
+    console.log("refused:", error.detail); // refused: 'no_such_tool' is not a valid tool
   }
   const done = await episode.callTool("submit", { answer: 42 });
   console.log(done.reward, done.finished); // 1 true
 }
 
-// The same over one RunEpisode stream (a few times cheaper for short episodes).
 {
-  await using stream = client.openEpisodeStream();
+  await using stream = client.openEpisodeStream(); // one stream, episode after episode
   await using episode = await stream.createEpisode("arithmetic", { split: "test", index: 0 });
   const done = await episode.callTool("submit", { answer: 9801 });
   console.log(done.reward, done.finished); // 1 true

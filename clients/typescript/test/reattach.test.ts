@@ -1,0 +1,101 @@
+// Tool calls whose stream broke are attached to again by task id (through a
+// proxy that breaks connections), and a call can be attached to on purpose.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { Code, ErrorReason, ORSClient, ORSError, textOf, type ORSEpisode } from "../src/index.js";
+import { BreakingProxy } from "./breaking_proxy.js";
+import { ENV_NAME, TARGET, clientOptions } from "./server.js";
+
+const direct = new ORSClient(TARGET, clientOptions());
+let proxy: BreakingProxy;
+let proxied: ORSClient;
+
+before(async () => {
+  proxy = await BreakingProxy.start(TARGET);
+  proxied = new ORSClient(proxy.target, clientOptions());
+});
+after(async () => {
+  proxied.close();
+  direct.close();
+  await proxy.stop();
+});
+
+/** Resolves once the server runs the call `taskId` of `episode` (it answers an attach with the task id). */
+async function serverRuns(episode: ORSEpisode, taskId: string): Promise<void> {
+  for (;;) {
+    const probe = new AbortController();
+    const events = direct.service.callTool(
+      { sessionId: episode.sessionId, call: { taskId } },
+      { headers: { "x-session-id": episode.sessionId }, signal: probe.signal },
+    );
+    try {
+      for await (const { event } of events) {
+        if (event.case === "taskId") return;
+      }
+    } catch (error) {
+      if (ORSError.from(error).reason !== ErrorReason.UNKNOWN_TASK_ID) throw error;
+    } finally {
+      probe.abort();
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+describe("one RPC per step", () => {
+  test("a CallTool stream broken after the task id is attached to again, and the output arrives", async () => {
+    await using episode = await proxied.environment(ENV_NAME).createEpisode({ split: "train", index: 0 });
+    const connectionsBefore = proxy.connections;
+    const output = await episode.callTool("sleep", { seconds: 1 }, { onTaskId: () => proxy.cut() });
+    assert.equal(textOf(output.blocks), "slept");
+    assert.ok(proxy.connections > connectionsBefore, "the client connected again");
+  });
+
+  test("a caller that stopped waiting attaches to the call later by its task id", async () => {
+    await using episode = await direct.environment(ENV_NAME).createEpisode({ split: "train", index: 0 });
+    const stopWaiting = new AbortController();
+    let taskId = "";
+    const onTaskId = (id: string) => {
+      taskId = id;
+      stopWaiting.abort();
+    };
+    await assert.rejects(
+      episode.callTool("sleep", { seconds: 0.5 }, { signal: stopWaiting.signal, onTaskId }),
+      (error) => error instanceof ORSError && error.code === Code.Canceled,
+    );
+    assert.equal(textOf((await episode.attach(taskId)).blocks), "slept");
+    await assert.rejects(
+      episode.attach("no-such-task"),
+      (error) => error instanceof ORSError && error.reason === ErrorReason.UNKNOWN_TASK_ID,
+    );
+  });
+});
+
+describe("on a RunEpisode stream", () => {
+  test("a stream broken while the tool runs: the call is attached to by its task id, later steps go by RPC", async () => {
+    const stream = proxied.openEpisodeStream();
+    const episode = await stream.createEpisode(ENV_NAME, { split: "train", index: 1 });
+    const cutWhileRunning = (taskId: string) => void serverRuns(episode, taskId).then(() => proxy.cut());
+    const output = await episode.callTool("sleep", { seconds: 1 }, { onTaskId: cutWhileRunning });
+    assert.equal(textOf(output.blocks), "slept");
+    assert.ok(stream.failure instanceof ORSError, "the stream broke");
+
+    assert.equal(textOf(await episode.getPrompt()), "Say world");
+    assert.equal((await episode.callTool("submit", { answer: "world" })).reward, 1);
+    await episode.close();
+    const gone = await direct.service.getPrompt({ sessionId: episode.sessionId }).catch(ORSError.from);
+    assert.ok(gone instanceof ORSError && gone.reason === ErrorReason.SESSION_NOT_FOUND, String(gone));
+    await stream.close();
+  });
+
+  test("a stream broken before the call reached the server: the error says the tool did not run", async () => {
+    const stream = proxied.openEpisodeStream();
+    const episode = await stream.createEpisode(ENV_NAME, { split: "train", index: 1 });
+    const dropped = proxy.dropNextSendAndCut();
+    const error = await episode.callTool("echo", { text: "lost" }).catch((error: unknown) => error);
+    await dropped;
+    assert.ok(error instanceof ORSError, String(error));
+    assert.equal(error.reason, ErrorReason.UNKNOWN_TASK_ID);
+    assert.match(error.detail, /did not run/);
+    await episode.close();
+  });
+});

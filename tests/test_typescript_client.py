@@ -1,0 +1,167 @@
+"""The TypeScript client (clients/typescript) against `ors-grpc serve`.
+
+Runs the client's own node:test suites (clients/typescript/test/: discovery, full episodes by
+RPC and on RunEpisode streams, reattach through a breaking proxy, API key, TLS) against a
+server hosting EchoEnv, checks that its generated code (src/gen/) is what protoc-gen-es makes
+from proto/ now, and runs the example that README.md and docs/clients.md show.
+
+They need node and `npm ci --prefix clients/typescript` (which also compiles the client).
+Without them they skip and say why; with ORS_REQUIRE_NODE=1 (as `.ci/run` sets) they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.servers import ServeProcess, start_serve
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT = ROOT / "clients" / "typescript"
+BIN = CLIENT / "node_modules" / ".bin"
+NODE = shutil.which("node")
+SUITES = sorted(f"test/{path.name}" for path in (CLIENT / "test").glob("*.test.ts"))
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+EXAMPLE = CLIENT / "examples" / "quickstart.ts"
+EXAMPLE_COMMAND = "cd clients/typescript && npm ci && node dist/examples/quickstart.js"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _require_installed() -> None:
+    missing = (
+        "node is not installed" if NODE is None
+        else None if (CLIENT / "node_modules").is_dir()
+        else "clients/typescript/node_modules is missing: run `npm ci --prefix clients/typescript`"
+    )
+    if missing is None:
+        return
+    if os.environ.get("ORS_REQUIRE_NODE") == "1":
+        pytest.fail(f"ORS_REQUIRE_NODE=1, but {missing}")
+    pytest.skip(missing)
+
+
+@pytest.fixture(scope="module")
+def built() -> None:
+    """The client compiled from its sources now (tsc type-checks src/, test/ and examples/ too)."""
+    _require_installed()
+    result = subprocess.run([str(BIN / "tsc"), "-p", "."], cwd=CLIENT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1, and its key."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
+def run_suites(serve: ServeProcess, suites: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    compiled = [f"dist/{suite.removesuffix('.ts')}.js" for suite in suites]
+    return subprocess.run(
+        [NODE, "--test", "--test-reporter=tap", *compiled],
+        cwd=CLIENT, env={**os.environ, "ORS_TARGET": serve.grpc_target, **env},
+        capture_output=True, text=True, timeout=150,
+    )
+
+
+def tap_count(output: str, name: str) -> int:
+    match = re.search(rf"^# {name} (\d+)$", output, re.MULTILINE)
+    assert match, output
+    return int(match.group(1))
+
+
+@pytest.fixture(params=["plain", "api-key", "tls"])
+def mode(request: pytest.FixtureRequest, certificate: tuple[Path, Path]) -> Iterator[tuple[ServeProcess, dict[str, str]]]:
+    """A server hosting EchoEnv as the client suites expect it, and the environment telling them how to reach it."""
+    cert, key = certificate
+    args, env = {
+        "plain": ([], {}),
+        "api-key": (["--api-key", "ts-client-key"], {"ORS_API_KEY": "ts-client-key"}),
+        "tls": (["--tls-cert", str(cert), "--tls-key", str(key)], {"ORS_TLS_CA": str(cert)}),
+    }[request.param]
+    with start_serve("tests.environments:EchoEnv", *args) as serve:
+        yield serve, env
+
+
+def test_client_suites_pass(built: None, mode: tuple[ServeProcess, dict[str, str]]) -> None:
+    serve, env = mode
+    result = run_suites(serve, SUITES, **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # auth.test.ts holds one test for the API key and one for TLS: each runs only in its mode.
+    skipped = 2 if not env else 1
+    assert tap_count(result.stdout, "skipped") == skipped, result.stdout
+    assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") - skipped > 10, result.stdout
+    for name in ["prompt, tools, outputs, refusals", "a failed step answers with its error", "a stream broken while the tool runs"]:
+        assert re.search(rf"^\s*ok \d+ - {re.escape(name)}", result.stdout, re.MULTILINE), name
+
+
+def test_client_suites_fail_against_a_server_without_echoenv(built: None) -> None:
+    with start_serve() as serve:  # only the embedded `arithmetic`
+        result = run_suites(serve, ["test/episode.test.ts"])
+    assert result.returncode != 0
+    assert tap_count(result.stdout, "fail") > 0
+    assert re.search(r"^not ok \d+ - discovery$", result.stdout, re.MULTILINE), result.stdout
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_generated_code_is_fresh(tmp_path: Path) -> None:
+    _require_installed()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}  # protoc-gen-es, the local plugin
+    subprocess.run(
+        [str(BIN / "buf"), "generate", "--template", "buf.gen.yaml", "--output", str(tmp_path)],
+        cwd=CLIENT, env=env, check=True, timeout=120,
+    )
+    fresh, committed = _files(tmp_path / "src" / "gen"), _files(CLIENT / "src" / "gen")
+    assert sorted(fresh) == sorted(committed), "generated file set differs: run `npm run generate` in clients/typescript"
+    stale = [name for name in fresh if fresh[name] != committed[name]]
+    assert not stale, f"stale generated files {stale}: run `npm run generate` in clients/typescript"
+
+
+def _typescript_blocks(page: Path) -> list[str]:
+    return [code for language, code in FENCE.findall(page.read_text()) if language == "typescript"]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/clients.md"])
+def test_the_pages_show_the_example_and_how_to_run_it(page: str) -> None:
+    text = (ROOT / page).read_text()
+    assert EXAMPLE_COMMAND in text
+    if page == "docs/clients.md":
+        assert EXAMPLE.read_text() in _typescript_blocks(ROOT / page), "docs/clients.md must show examples/quickstart.ts as it is"
+
+
+def test_the_example_runs_as_the_pages_say(built: None) -> None:
+    folder, install, run = (part.strip() for part in EXAMPLE_COMMAND.split("&&"))
+    assert (folder, install) == ("cd clients/typescript", "npm ci")  # the install is the module's `built`
+    with start_serve() as serve:  # `ors-grpc serve --port 50051`, but on a free port: the example reads ORS_TARGET
+        result = subprocess.run(
+            run.split(), cwd=ROOT / folder.removeprefix("cd "), env={**os.environ, "ORS_TARGET": serve.grpc_target},
+            capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "[ { name: 'train', type: 'train' }, { name: 'test', type: 'test' } ]",
+        "What is 12 + 30? Use the calculator, then submit the answer.",
+        "42",
+        "refused: 'no_such_tool' is not a valid tool",
+        "1 true",
+        "1 true",
+    ], result.stdout
