@@ -139,9 +139,10 @@ export class StreamEpisode implements ORSEpisode {
   async callTool(name: string, input: JsonObject = {}, options: CallToolOptions = {}): Promise<ToolOutput> {
     if (this.stream.failure !== undefined) return this.byRpc.callTool(name, input, options);
     const taskId = randomUUID();
-    options.onTaskId?.(taskId);
     const abort = () => this.stream.abort(options.signal?.reason);
+    if (options.signal?.aborted) abort();
     options.signal?.addEventListener("abort", abort, { once: true });
+    options.onTaskId?.(taskId);
     try {
       const answer = await this.stream.step({ case: "callTool", value: { name, input: jsonValue(input), taskId } }, "callTool");
       return outcomeOf(name, answer.event);

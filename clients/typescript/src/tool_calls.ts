@@ -1,5 +1,6 @@
 // Reading a tool call's outcome, and attaching to a call again by its task
 // id when the stream that carried it broke (the tool runs on regardless).
+import { setTimeout as sleep } from "node:timers/promises";
 import { Code } from "@connectrpc/connect";
 import type { Connection } from "./connection.js";
 import { ORSError, ToolCallError, ToolFailedError } from "./errors.js";
@@ -82,7 +83,9 @@ export async function reattach(
 ): Promise<ToolOutput> {
   let lastBreak = broke;
   for (let attempt = 0; attempt < route.connection.reattachAttempts; attempt += 1) {
-    await pause(Math.min(FIRST_BACKOFF_MS * 2 ** attempt, MAX_BACKOFF_MS), signal);
+    await sleep(Math.min(FIRST_BACKOFF_MS * 2 ** attempt, MAX_BACKOFF_MS), undefined, { signal }).catch((error: unknown) => {
+      throw ORSError.from(error);
+    });
     try {
       return await attachOnce(route, toolName, taskId, signal);
     } catch (error) {
@@ -91,15 +94,4 @@ export async function reattach(
     }
   }
   throw lastBreak;
-}
-
-function pause(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(ORSError.from(signal.reason));
-    const timer = setTimeout(resolve, ms);
-    signal?.addEventListener("abort", () => {
-      clearTimeout(timer);
-      reject(ORSError.from(signal.reason));
-    }, { once: true });
-  });
 }

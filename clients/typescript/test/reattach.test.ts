@@ -87,6 +87,22 @@ describe("on a RunEpisode stream", () => {
     await stream.close();
   });
 
+  test("a caller that stopped waiting ends the stream; the call goes on, later steps go by RPC", async () => {
+    await using stream = direct.openEpisodeStream();
+    await using episode = await stream.createEpisode(ENV_NAME, { split: "train", index: 1 });
+    const stopWaiting = new AbortController();
+    let taskId = "";
+    const onTaskId = (id: string) => {
+      taskId = id;
+      void serverRuns(episode, id).then(() => stopWaiting.abort());
+    };
+    const error = await episode.callTool("sleep", { seconds: 0.5 }, { signal: stopWaiting.signal, onTaskId }).catch((error: unknown) => error);
+    assert.ok(error instanceof ORSError && error.code === Code.Canceled, String(error));
+    assert.equal(stream.failure, error);
+    assert.equal(textOf((await episode.attach(taskId)).blocks), "slept");
+    assert.equal(textOf(await episode.getPrompt()), "Say world");
+  });
+
   test("a stream broken before the call reached the server: the error says the tool did not run", async () => {
     const stream = proxied.openEpisodeStream();
     const episode = await stream.createEpisode(ENV_NAME, { split: "train", index: 1 });
