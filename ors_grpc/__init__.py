@@ -1,26 +1,40 @@
-"""ORS over gRPC: author environments as with the reference SDK, serve them over gRPC.
+"""ORS over gRPC: author environments as with the reference SDKs, serve them over gRPC.
 
     from ors_grpc import Environment, tool, Toolset, Split, TextBlock, ImageBlock, ToolOutput
 
-is a drop-in for the same import from `ors` (ors-sdk 0.1.0).
+is a drop-in for the same import from `ors` (ors-sdk 0.1.0), and
+
+    from ors_grpc import Environment, tool, terminal, Message, GroupScore, ...
+
+for the same import from `openreward.environments` (openreward >= 0.1.157).
 """
 
-from .environment import Environment, tool
+from .environment import Environment, terminal, tool
 from .toolset import Toolset
 from .types import (
+    SUPPORTED_MESSAGE_BLOCK_TYPES,
     Blocks,
     CreateSession,
+    GroupCandidate,
+    GroupScore,
     ImageBlock,
     JSONObject,
     JSONValue,
     ListToolsOutput,
+    Message,
+    MessageBlocks,
+    ReasoningBlock,
+    Role,
     RunToolError,
     RunToolOutput,
     RunToolSuccess,
     Split,
+    TerminalToolSpec,
     TextBlock,
     ToolCall,
+    ToolCallBlock,
     ToolOutput,
+    ToolResultBlock,
     ToolSpec,
 )
 
@@ -37,23 +51,34 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "SUPPORTED_MESSAGE_BLOCK_TYPES",
     "Blocks",
     "CreateSession",
     "Environment",
+    "GroupCandidate",
+    "GroupScore",
     "ImageBlock",
     "JSONObject",
     "JSONValue",
     "ListToolsOutput",
+    "Message",
+    "MessageBlocks",
+    "ReasoningBlock",
+    "Role",
     "RunToolError",
     "RunToolOutput",
     "RunToolSuccess",
     "Server",
     "Split",
+    "TerminalToolSpec",
     "TextBlock",
     "ToolCall",
+    "ToolCallBlock",
     "ToolOutput",
+    "ToolResultBlock",
     "ToolSpec",
     "Toolset",
     "__version__",
+    "terminal",
     "tool",
 ]

@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
     serve.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    serve.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
+                       help="register a Toolset that episodes may attach by name (toolset_name); repeatable")
+    serve.add_argument("--setup-wait", type=float, default=25.0,
+                       help="seconds a session call waits for setup before answering 'still starting' (503)")
 
     bridge = commands.add_parser("bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend")
     bridge.add_argument("--backend", required=True, metavar="HOST:PORT")
@@ -121,14 +125,14 @@ async def _start_metrics(host: str, metrics_port: int | None) -> Any:
 
 async def serve_until_signal(
     environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
-    metrics_port: int | None = None,
+    metrics_port: int | None = None, *, toolsets: Any = (),
 ) -> None:
     """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
     announcing each door on stdout; then stop gracefully. With TLS both
     doors serve it, from the same certificate and key."""
     from .server import create_server, in_process_channel
 
-    server, bound_port = await create_server(environments, f"{host}:{port}", config=config)
+    server, bound_port = await create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
     _announce("gRPC", host, bound_port)
     runner: Any = None
     metrics_runner: Any = None
@@ -177,8 +181,11 @@ async def _serve(args: argparse.Namespace) -> None:
         tool_timeout_s=args.tool_timeout,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        setup_wait_s=args.setup_wait,
     )
-    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port)
+    toolsets = [load_environment(spec) for spec in args.toolsets]
+    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port,
+                             toolsets=toolsets)
 
 
 async def _bridge(args: argparse.Namespace) -> None:

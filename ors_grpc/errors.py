@@ -19,6 +19,7 @@ __all__ = [
     "GRPC_TO_HTTP",
     "ORSError",
     "REASONS",
+    "RETRY_AFTER_S",
     "Reason",
     "abort",
     "http_status_for",
@@ -50,6 +51,17 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID: Mapping(grpc.StatusCode.NOT_FOUND, 404),
     errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     errors_pb2.ERROR_REASON_UNAUTHENTICATED: Mapping(grpc.StatusCode.UNAUTHENTICATED, 401),
+    errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED: Mapping(grpc.StatusCode.UNIMPLEMENTED, 404),
+    errors_pb2.ERROR_REASON_UNKNOWN_TOOLSET: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    # Detail `Environment still starting.`; the bridge adds `X-Backend-State: starting` and `Retry-After`.
+    errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: Mapping(grpc.StatusCode.UNAVAILABLE, 503),
+}
+
+#: Seconds to wait before retrying, per reason: sent as the `retry-after`
+#: trailing metadata entry (the bridge's `Retry-After` header).
+RETRY_AFTER_S: dict[int, int] = {
+    errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: 1,
+    errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: 2,
 }
 
 #: gRPC code to HTTP status for errors without an ORS reason, as in
@@ -94,10 +106,12 @@ class ORSError(Exception):
 async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
     """End an RPC with `error`: its code and message, its reason as the
     `ors-error-reason` trailing metadata entry (and `retry-after` when the
-    server is full). Raises, as `context.abort` does."""
+    server is full or the environment still starting). Raises, as
+    `context.abort` does."""
     metadata = [(ERROR_REASON_METADATA_KEY, error.reason_name)]
-    if error.reason == errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS:
-        metadata.append(("retry-after", "1"))
+    retry_after_s = RETRY_AFTER_S.get(error.reason)
+    if retry_after_s is not None:
+        metadata.append(("retry-after", str(retry_after_s)))
     await context.abort(error.code, error.message, trailing_metadata=tuple(metadata))
 
 

@@ -26,7 +26,7 @@ from .environment import Environment
 from . import metrics
 from .errors import ORSError, abort
 from .inprocess import InProcessChannel
-from .service import EnvironmentService
+from .service import EnvironmentService, ToolsetRegistry
 from .sessions import SessionTable
 
 __all__ = ["API_KEY_METADATA_KEY", "Server", "ServerConfig", "create_server", "in_process_channel"]
@@ -60,6 +60,9 @@ class ServerConfig:
     #: PEM certificate chain and private key files: serve TLS instead of plaintext.
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: Seconds a session call waits for the episode's setup before failing
+    #: with ENVIRONMENT_STARTING (HTTP 503), to be retried; openreward's 25 s.
+    setup_wait_s: float = 25.0
 
 
 class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -208,12 +211,15 @@ async def create_server(
     address: str = "127.0.0.1:0",
     *,
     config: ServerConfig = ServerConfig(),
+    toolsets: ToolsetRegistry = (),
 ) -> tuple[grpc.aio.Server, int]:
     """Build and start a server for `environments` (the first is the default).
 
-    Returns the started server and the port it listens on (useful with port
-    0). `await server.stop(grace)` stops accepting calls, then ends every
-    session.
+    `toolsets` (Toolset classes, registered by `name()`, or a mapping of
+    names to classes) can be attached to an episode by name
+    (`toolset_name`). Returns the started server and the port it listens on
+    (useful with port 0). `await server.stop(grace)` stops accepting calls,
+    then ends every session.
     """
     sessions = SessionTable(
         session_timeout_s=config.session_timeout_s,
@@ -221,8 +227,9 @@ async def create_server(
         result_linger_s=config.result_linger_s,
         max_sessions=config.max_sessions,
         tool_timeout_s=config.tool_timeout_s,
+        setup_wait_s=config.setup_wait_s,
     )
-    service = EnvironmentService(environments, sessions)
+    service = EnvironmentService(environments, sessions, toolsets)
     # Metrics first: it also counts the calls the key check rejects.
     interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
     if config.api_key:
@@ -302,13 +309,16 @@ class Server:
         return_errors: str = "exception",
         *,
         config: ServerConfig = ServerConfig(),
+        toolsets: ToolsetRegistry = (),
     ) -> None:
         # Fail at construction, as the reference does, not when serving.
-        from .service import environment_map
+        from .service import environment_map, toolset_map
 
         environment_map(environments)
+        toolset_map(toolsets)
         self.environments = list(environments)
         self.config = config
+        self.toolsets = toolsets
         # Accepted for signature compatibility: errors always carry the
         # exception's message here (the reference's default).
         self.return_errors = return_errors
@@ -319,4 +329,4 @@ class Server:
 
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO)
-        asyncio.run(serve_until_signal(self.environments, host, grpc_port, port, self.config))
+        asyncio.run(serve_until_signal(self.environments, host, grpc_port, port, self.config, toolsets=self.toolsets))

@@ -14,7 +14,7 @@ import inspect
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
 
 import grpc
 
@@ -23,13 +23,14 @@ from . import _convert
 from ._generated.ors.v1 import environment_service_pb2 as pb
 from ._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ._generated.ors.v1 import errors_pb2
-from .environment import Environment
+from .environment import Environment, find_terminal_tool, flatten_messages, tool_specs_of
 from .user_code import run_user_code
 from .errors import ORSError, abort
 from .sessions import SessionTable
-from .types import ListToolsOutput, Split
+from .tool_calls import SCORE_GROUP
+from .types import ListToolsOutput, Message, Split
 
-__all__ = ["EnvironmentService", "environment_map"]
+__all__ = ["EnvironmentService", "environment_map", "toolset_map"]
 
 logger = logging.getLogger("ors_grpc.service")
 
@@ -49,8 +50,14 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
         key = env_cls.name().lower()
         if key in env_map:
             raise ValueError(f"duplicate environment {key!r}")
-        if not env_cls.list_tools().tools:
+        listed = env_cls.list_tools()  # also checks the @terminal rules
+        if not listed.tools and listed.terminal_tool is None:
             raise ValueError(f"Environment '{key}' has no tools defined. Add at least one @tool method.")
+        if not (env_cls._overrides("get_prompt") or env_cls._overrides("get_messages")):
+            raise ValueError(
+                f"Environment '{key}' implements neither get_prompt() nor get_messages(). "
+                f"Implement get_prompt() (or get_messages() for a conversation-shaped environment)."
+            )
         if not inspect.iscoroutinefunction(env_cls.list_splits) and not env_cls.list_splits():
             raise ValueError(
                 f"Environment '{key}' has no splits defined. "
@@ -60,6 +67,27 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
     if not env_map:
         raise ValueError("at least one environment is required")
     return env_map
+
+
+ToolsetRegistry = Union[Sequence[type], Mapping[str, type]]
+
+
+def toolset_map(toolsets: ToolsetRegistry) -> dict[str, type]:
+    """Toolsets that sessions may attach by name: a mapping of names to
+    classes, or classes named by their `name()` (else class name)."""
+    if isinstance(toolsets, Mapping):
+        named = list(toolsets.items())
+    else:
+        named = [(getattr(cls, "name", lambda: cls.__name__)(), cls) for cls in toolsets]
+    registry: dict[str, type] = {}
+    for name, toolset_cls in named:
+        if not inspect.isclass(toolset_cls):
+            raise TypeError(f"toolset {name!r}: {toolset_cls!r} is not a class")
+        if name in registry:
+            raise ValueError(f"duplicate toolset {name!r}")
+        find_terminal_tool(toolset_cls)  # its @terminal rules, checked now rather than per session
+        registry[name] = toolset_cls
+    return registry
 
 
 def _log_unexpected(method: str, exc: Exception) -> str:
@@ -170,6 +198,35 @@ def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
     return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
 
 
+async def _scoring_outcome_event(session: Any, call: Any) -> pb.ScoreGroupResponse:
+    """Waits for a scoring to end: its scores, or its failure."""
+    outcome = await call.outcome()
+    session.touch()
+    if outcome.failure is None:
+        return pb.ScoreGroupResponse(result=pb.ScoreGroupResult(scores=_convert.group_scores_to_proto(outcome.result)))
+    return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
+
+
+def _session_tools(env: Environment, task_tools: ListToolsOutput, toolset: Any) -> ListToolsOutput:
+    """An episode's tools: shared, then task-specific, then its session
+    toolset's (which replace same-named ones); the terminal tool (the
+    toolset's, else the environment's) apart."""
+    listed = env.list_tools()
+    terminal = listed.terminal_tool
+    tools = listed.tools + task_tools.tools
+    if toolset is not None:
+        terminal = find_terminal_tool(toolset) or terminal
+        toolset_tools = tool_specs_of(toolset)
+        replaced = {spec.name for spec in toolset_tools}
+        tools = [spec for spec in tools if spec.name not in replaced] + toolset_tools
+    if terminal is not None:
+        tools = [spec for spec in tools if spec.name != terminal.name]
+    return ListToolsOutput(
+        tools=tools, terminal_tool=terminal,
+        supports_score_group=listed.supports_score_group, message_block_types=listed.message_block_types,
+    )
+
+
 async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
     """Waits for a call to end: its result, or its failure when the tool raised."""
     outcome = await call.outcome()
@@ -182,9 +239,12 @@ async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
 class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     """Serves ORS environments and owns their sessions."""
 
-    def __init__(self, environments: Sequence[type[Environment]], sessions: SessionTable) -> None:
+    def __init__(
+        self, environments: Sequence[type[Environment]], sessions: SessionTable, toolsets: ToolsetRegistry = ()
+    ) -> None:
         self._envs = environment_map(environments)
         self._sessions = sessions
+        self._toolsets = toolset_map(toolsets)
 
     # Discovery -------------------------------------------------------------
 
@@ -224,7 +284,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     @_unary
     async def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
         env_cls = self._env_cls(request.env_name)
-        return pb.ListToolsResponse(tools=_convert.tool_specs_to_proto(env_cls.list_tools()))
+        return pb.ListToolsResponse(**_convert.tool_listing(env_cls.list_tools()))
 
     @_unary
     async def ListSplits(self, request: pb.ListSplitsRequest, context: Any) -> pb.ListSplitsResponse:
@@ -306,18 +366,80 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         else:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_spec or both split and index, not both/neither")
-        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets))
+        toolset_cls = self._toolset_cls(request.toolset_name) if request.HasField("toolset_name") else None
+        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), toolset_cls)
+
+    def _toolset_cls(self, name: str) -> type:
+        toolset_cls = self._toolsets.get(name)
+        if toolset_cls is None:
+            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_TOOLSET,
+                           f"unknown toolset {name!r}; valid options are {sorted(self._toolsets)}")
+        return toolset_cls
 
     async def _prompt(self, sid: str) -> pb.GetPromptResponse:
         session, env = await self._sessions.ready(sid)
-        blocks = await _session_code(session, env.get_prompt)
+        if env._overrides("get_prompt"):
+            blocks = await _session_code(session, env.get_prompt)
+        else:  # a conversation-shaped environment: its messages, flattened
+            blocks = flatten_messages(await self._session_messages(session, env))
         return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
+
+    async def _session_messages(self, session: Any, env: Environment) -> Sequence[Any]:
+        """The environment's `get_messages`, validated as Messages."""
+        messages = await _session_code(session, env.get_messages)
+        return [Message.model_validate(m) if not isinstance(m, Message) else m for m in messages]
+
+    async def _messages(self, sid: str) -> pb.GetMessagesResponse:
+        session, env = await self._sessions.ready(sid)
+        if env._overrides("get_messages"):
+            messages = await self._session_messages(session, env)
+        else:  # the default: the prompt as one user message
+            messages = [Message(role="user", blocks=await _session_code(session, env.get_prompt))]
+        return pb.GetMessagesResponse(messages=_convert.messages_to_proto(messages))
 
     async def _task_tools(self, sid: str) -> pb.ListTaskToolsResponse:
         session, env = await self._sessions.ready(sid)
         task_tools: ListToolsOutput = await _session_code(session, env.list_task_tools)
-        tools = ListToolsOutput(tools=env.list_tools().tools + task_tools.tools)
-        return pb.ListTaskToolsResponse(tools=_convert.tool_specs_to_proto(tools))
+        tools = _session_tools(env, task_tools, session.calls.toolset)
+        return pb.ListTaskToolsResponse(**_convert.tool_listing(tools))
+
+    async def _scoring_session(self, sid: str) -> tuple[Any, Environment]:
+        """The session and environment, once set up, if it implements score_group."""
+        session, env = await self._sessions.ready(sid)
+        if not env._supports_score_group():
+            raise ORSError(errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED,
+                           f"Environment {session.env_cls.name().lower()!r} does not implement score_group")
+        return session, env
+
+    async def _scoring(self, sid: str, request: pb.ScoreGroupRequest) -> tuple[Any, Any]:
+        """The session and its scoring: a new one, or the one of `task_id`."""
+        session, env = await self._scoring_session(sid)
+        if request.task_id:
+            return session, session.calls.attach(request.task_id, SCORE_GROUP)
+        candidates = _convert.group_candidates_from_proto(request.candidates)
+        return session, session.calls.start_scoring(env, candidates)
+
+    async def _score_events(self, sid: str, request: pb.ScoreGroupRequest) -> AsyncIterator[pb.ScoreGroupResponse]:
+        """A scoring's task id, then its result or failure (ScoreGroup's events)."""
+        session, call = await self._scoring(sid, request)
+        yield pb.ScoreGroupResponse(task_id=call.task_id)
+        yield await _scoring_outcome_event(session, call)
+
+    async def _stream_scoring(self, step: pb.ScoreGroupStep, stream_sid: str | None) -> pb.ScoreGroupResponse:
+        """A RunEpisode score_group step: the scoring gets the client's task id; its outcome."""
+        session, env = await self._scoring_session(_stream_session_id("", stream_sid))
+        candidates = _convert.group_candidates_from_proto(step.candidates)
+        call = session.calls.start_scoring(env, candidates, task_id=step.task_id)
+        return await _scoring_outcome_event(session, call)
+
+    @_unary
+    async def GetMessages(self, request: pb.GetMessagesRequest, context: Any) -> pb.GetMessagesResponse:
+        return await self._messages(_session_id(request, context))
+
+    @_streaming
+    async def ScoreGroup(self, request: pb.ScoreGroupRequest, context: Any) -> AsyncIterator[pb.ScoreGroupResponse]:
+        async for event in self._score_events(_session_id(request, context), request):
+            yield event
 
     async def _call_events(self, sid: str, tool_call: Any) -> AsyncIterator[pb.CallToolResponse]:
         """A call's task id, then its result or failure (CallTool's events)."""
@@ -407,4 +529,9 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             return pb.RunEpisodeResponse(list_task_tools=tools)
         if step == "call_tool":
             return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
+        if step == "get_messages":
+            messages = await self._messages(_stream_session_id(request.get_messages.session_id, stream_sid))
+            return pb.RunEpisodeResponse(get_messages=messages)
+        if step == "score_group":
+            return pb.RunEpisodeResponse(score_group=await self._stream_scoring(request.score_group, stream_sid))
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")

@@ -1,7 +1,9 @@
 """The session table: episodes by session id, their background setup, the reaper.
 
-Creating an episode answers at once; the environment is constructed and set
-up in a background task, and session-scoped calls wait for it (`ready`).
+Creating an episode answers at once; the environment is constructed (its
+session toolset, if one was named, attached) and set up in a background
+task, and session-scoped calls wait for it (`ready`), for at most
+`setup_wait_s`: then they fail with ENVIRONMENT_STARTING, to be retried.
 Sessions idle for `session_timeout_s` are reaped (teardown included) unless a
 tool call is in flight. Deleting cancels a running setup, releases the tool
 calls and runs `teardown()`.
@@ -17,7 +19,8 @@ from typing import Any, Iterable
 
 from . import metrics
 from ._generated.ors.v1 import errors_pb2
-from .environment import Environment
+from .environment import Environment, class_has_exclusive_tools
+from .exclusive_gate import ExclusiveGate
 from .user_code import run_user_code, runs_in_worker_thread
 from .errors import ORSError
 from .tool_calls import SessionToolCalls
@@ -29,6 +32,9 @@ logger = logging.getLogger("ors_grpc.sessions")
 # Seconds deletion waits for a synchronous setup (which cannot be interrupted)
 # to end before giving up on tearing its environment down.
 SETUP_STOP_WAIT_S = 30.0
+#: Seconds a session call waits for setup before ENVIRONMENT_STARTING (as openreward).
+DEFAULT_SETUP_WAIT_S = 25.0
+ENVIRONMENT_STARTING_MESSAGE = "Environment still starting."
 
 
 def _no_secrets(text: str) -> str:
@@ -108,7 +114,9 @@ class SessionTable:
         result_linger_s: float,
         max_sessions: int | None = None,
         tool_timeout_s: float | None = None,
+        setup_wait_s: float = DEFAULT_SETUP_WAIT_S,
     ) -> None:
+        self._setup_wait_s = setup_wait_s
         self._timeout_s = session_timeout_s
         self._reaper_interval_s = reaper_interval_s
         self._linger_s = result_linger_s
@@ -127,20 +135,27 @@ class SessionTable:
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(), name="ors-reaper")
 
     def create(
-        self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str]
+        self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
+        toolset_cls: type | None = None,
     ) -> Session:
-        """Register an episode and start its construction and setup."""
+        """Register an episode and start its construction (with its session
+        toolset's, `toolset_cls`) and setup."""
         self.check_can_create(sid)
         redact = redactor(secrets.values())
         sync_lock = asyncio.Lock()
+        exclusive = class_has_exclusive_tools(env_cls) or (
+            toolset_cls is not None and class_has_exclusive_tools(toolset_cls)
+        )
         calls = SessionToolCalls(
-            linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact
+            linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact,
+            gate=ExclusiveGate() if exclusive else None,
         )
         session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
         self._sessions[sid] = session
         metrics.session_opened(env_cls)
         session.setup_task = asyncio.get_running_loop().create_task(
-            metrics.timed_setup(session, self._set_up(session, task_spec, secrets)), name=f"ors-setup-{sid}"
+            metrics.timed_setup(session, self._set_up(session, task_spec, secrets, toolset_cls)),
+            name=f"ors-setup-{sid}",
         )
         # A finished setup task is not kept (memory per idle session).
         session.setup_task.add_done_callback(lambda _: setattr(session, "setup_task", None))
@@ -165,7 +180,11 @@ class SessionTable:
     async def ready(self, sid: str) -> tuple[Session, Environment]:
         """The session and its environment, once set up."""
         session = self.get(sid)
-        await session.ready.wait()
+        if not session.ready.is_set():
+            try:
+                await asyncio.wait_for(session.ready.wait(), self._setup_wait_s)
+            except asyncio.TimeoutError:
+                raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING, ENVIRONMENT_STARTING_MESSAGE) from None
         if session.deleted:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         if session.error is not None:
@@ -219,7 +238,9 @@ class SessionTable:
         finally:
             session.setup_in_thread = False
 
-    async def _set_up(self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str]) -> None:
+    async def _set_up(
+        self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], toolset_cls: type | None
+    ) -> None:
         started = time.monotonic()
         try:
             env = await self._run_setup_step(
@@ -227,6 +248,8 @@ class SessionTable:
             )
             if session.deleted:
                 return  # deleted while constructing: setup never ran, nothing to tear down
+            if toolset_cls is not None:
+                session.calls.toolset = await self._run_setup_step(session, functools.partial(toolset_cls, env))
             if _overrides(env, "setup"):
                 await self._run_setup_step(session, env.setup)
         except Exception as exc:

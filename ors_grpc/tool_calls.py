@@ -4,9 +4,15 @@ A call gets a task id (uuid4 hex) at once; the tool then runs in its own
 asyncio task, so a client that drops its stream cancels only its watching,
 never the tool, and can attach again by task id. A finished call's outcome
 stays attachable for `linger_s`. Task ids belong to their session: the
-registry is per session, so another session cannot find them. The episode
-invariants live here too: once a tool returned `finished=True` further calls
-are refused, and calls to the same tool run one at a time.
+registry is per session, so another session cannot find them. Group
+scorings (ScoreGroup) run the same way, beside the tool calls.
+
+The episode invariants live here too: once a tool returned `finished=True`
+further calls are refused (and a call that ran meanwhile gets the same
+refusal: the first finished result wins); calls to the same tool run one at
+a time, unless the tool is `concurrent`; an `exclusive` or terminal tool runs
+alone in its session (see `exclusive_gate`, which only sessions with such a
+tool have).
 """
 
 from __future__ import annotations
@@ -16,19 +22,24 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, Sequence
 
 from . import metrics
 from ._generated.ors.v1 import errors_pb2
-from .environment import Environment
+from .environment import Environment, is_concurrent_tool, is_exclusive_tool
 from .errors import ORSError
-from .types import RunToolError, RunToolOutput
+from .exclusive_gate import ExclusiveGate
+from .types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
+from .user_code import run_user_code
 
 __all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask"]
 
 logger = logging.getLogger("ors_grpc.tool_calls")
 
 EPISODE_FINISHED = "episode finished"
+_REFUSED_AS_FINISHED = RunToolOutput(RunToolError(error=EPISODE_FINISHED, reason="episode_finished"))
+#: The kinds of work a task id may name; attaching checks it.
+TOOL_CALL, SCORE_GROUP = "tool call", "group scoring"
 # Seconds `release` waits for cancelled tool calls to end.
 RELEASE_WAIT_S = 10.0
 #: Longest task id a client may choose (RunEpisode's call_tool steps).
@@ -37,19 +48,20 @@ MAX_TASK_ID_LENGTH = 128
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """A call's end: the tool's result (or tool-level error), or the message
-    of the exception it raised."""
+    """A call's end: the tool's result (or tool-level error) or a scoring's
+    scores, else the message of the exception it raised."""
 
-    result: RunToolOutput | None = None
+    result: RunToolOutput | list[GroupScore] | None = None
     failure: str | None = None
 
 
 class ToolCallTask:
-    """One tool call, running or finished."""
+    """One tool call (or group scoring), running or finished."""
 
-    def __init__(self, task_id: str, task: asyncio.Task[CallOutcome]) -> None:
+    def __init__(self, task_id: str, task: asyncio.Task[CallOutcome], kind: str = TOOL_CALL) -> None:
         self.task_id = task_id
         self._task = task
+        self.kind = kind
 
     @property
     def done(self) -> bool:
@@ -72,7 +84,8 @@ class SessionToolCalls:
     """The tool calls of one session: start, attach, release."""
 
     def __init__(
-        self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str
+        self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str,
+        gate: ExclusiveGate | None = None,
     ) -> None:
         self._linger_s = linger_s
         self._sync_lock = sync_lock
@@ -81,6 +94,10 @@ class SessionToolCalls:
         self._calls: dict[str, ToolCallTask] = {}
         self._evictions: dict[str, asyncio.TimerHandle] = {}
         self._tool_locks: dict[str, asyncio.Lock] = {}
+        #: Only for sessions with an exclusive tool: other calls then pass it shared.
+        self._gate = gate
+        #: The session's toolset (attached by name at creation), once set up.
+        self.toolset: Any = None
         self.finished = False
         #: monotonic time the last call completed (counts as session activity).
         self.last_completed = 0.0
@@ -93,6 +110,18 @@ class SessionToolCalls:
         self, env: Environment, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
     ) -> ToolCallTask:
         """Runs a call under `task_id` (the client's choice), else a new one."""
+        return self._start(lambda: self._run(env, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
+
+    def start_scoring(
+        self, env: Environment, candidates: Sequence[GroupCandidate], *, task_id: str | None = None
+    ) -> ToolCallTask:
+        """Runs `env.score_group(candidates)` as a call would run (a task id,
+        apart from the stream), under `task_id` or a new one."""
+        return self._start(lambda: self._score(env, candidates), "ors-score-group", task_id, SCORE_GROUP)
+
+    def _start(
+        self, work: Callable[[], Awaitable[CallOutcome]], label: str, task_id: str | None, kind: str
+    ) -> ToolCallTask:
         if task_id is None:
             task_id = uuid.uuid4().hex
         elif not 0 < len(task_id) <= MAX_TASK_ID_LENGTH:
@@ -100,17 +129,17 @@ class SessionToolCalls:
                            f"task_id must be 1 to {MAX_TASK_ID_LENGTH} characters")
         elif task_id in self._calls:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "task_id is already in use in this session")
-        task = asyncio.get_running_loop().create_task(
-            self._run(env, name, tool_input), name=f"ors-tool-{name}-{task_id}"
-        )
-        call = ToolCallTask(task_id, task)
+        task = asyncio.get_running_loop().create_task(work(), name=f"{label}-{task_id}")
+        call = ToolCallTask(task_id, task, kind)
         self._calls[task_id] = call
         task.add_done_callback(lambda _: self._on_done(task_id))
         return call
 
-    def attach(self, task_id: str) -> ToolCallTask:
+    def attach(self, task_id: str, kind: str = TOOL_CALL) -> ToolCallTask:
+        """The call of `task_id`, if it is of this kind (a tool call's id does
+        not attach a scoring, nor the other way round)."""
         call = self._calls.get(task_id)
-        if call is None:
+        if call is None or call.kind != kind:
             raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID, "unknown task_id")
         return call
 
@@ -138,19 +167,46 @@ class SessionToolCalls:
         self._calls.pop(task_id, None)
 
     async def _run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+        """Takes the call's turn (per-tool lock, the gate) and runs it."""
+        fn = env._resolve_tool(name, self.toolset)
+        if isinstance(fn, RunToolOutput):  # not_found, name_collision
+            return CallOutcome(result=fn)
         if self.finished:
-            return CallOutcome(result=RunToolOutput(RunToolError(error=EPISODE_FINISHED)))
-        lock = self._tool_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            # Checked again: a call queued behind a finishing one must not run.
-            if self.finished:
-                return CallOutcome(result=RunToolOutput(RunToolError(error=EPISODE_FINISHED)))
-            return await metrics.timed_tool_call(env, name, self._run_tool(env, name, tool_input))
+            return CallOutcome(result=_REFUSED_AS_FINISHED)
+        if is_exclusive_tool(fn):
+            if self._gate is None:  # a tool the class scan did not see (set on the instance)
+                self._gate = ExclusiveGate()
+            async with self._gate.exclusive():
+                return await self._run_in_turn(env, name, fn, tool_input)
+        gate = self._gate
+        if is_concurrent_tool(fn):
+            if gate is None:
+                return await self._run_in_turn(env, name, fn, tool_input)
+            async with gate.shared():
+                return await self._run_in_turn(env, name, fn, tool_input)
+        # The tool lock outside the gate: calls queued on a tool do not hold an exclusive one off.
+        async with self._tool_locks.setdefault(name, asyncio.Lock()):
+            if gate is None:
+                return await self._run_in_turn(env, name, fn, tool_input)
+            async with gate.shared():
+                return await self._run_in_turn(env, name, fn, tool_input)
 
-    async def _run_tool(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+    async def _run_in_turn(
+        self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
+    ) -> CallOutcome:
+        # Checked again: a call queued behind a finishing one must not run.
+        if self.finished:
+            return CallOutcome(result=_REFUSED_AS_FINISHED)
+        return await metrics.timed_tool_call(env, name, self._run_tool(env, name, fn, tool_input))
+
+    async def _run_tool(
+        self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
+    ) -> CallOutcome:
         started = time.monotonic()
         try:
-            result = await asyncio.wait_for(env._call_tool(name, tool_input, sync_lock=self._sync_lock), self._timeout_s)
+            result = await asyncio.wait_for(
+                env._run_tool_fn(name, fn, tool_input, sync_lock=self._sync_lock), self._timeout_s
+            )
         except asyncio.TimeoutError:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
             return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")
@@ -159,8 +215,28 @@ class SessionToolCalls:
             message = self._redact(str(exc) or type(exc).__name__)
             logger.warning("tool_failed tool=%s error_type=%s error=%s", name, type(exc).__name__, message)
             return CallOutcome(failure=message)
+        if result.root.ok and self.finished:
+            # Another call finished the episode while this one ran: the first finished result wins.
+            return CallOutcome(result=_REFUSED_AS_FINISHED)
         if result.root.ok and result.root.output.finished:
             self.finished = True
         logger.debug("tool_completed tool=%s ok=%s duration_ms=%.1f",
                      name, result.root.ok, (time.monotonic() - started) * 1000)
         return CallOutcome(result=result)
+
+    async def _score(self, env: Environment, candidates: Sequence[GroupCandidate]) -> CallOutcome:
+        """One score per candidate (bare numbers become `GroupScore(reward=)`),
+        or the failure: the environment raised, or miscounted."""
+        try:
+            returned = await run_user_code(
+                env.score_group, list(candidates), sync_lock=self._sync_lock, on_loop=env.sync_code_on_loop
+            )
+            scores = [score if isinstance(score, GroupScore) else GroupScore(reward=float(score))
+                      for score in returned]
+            if len(scores) != len(candidates):
+                raise ValueError(f"score_group returned {len(scores)} scores for {len(candidates)} candidates")
+        except Exception as exc:
+            message = self._redact(str(exc) or type(exc).__name__)
+            logger.warning("score_group_failed error_type=%s error=%s", type(exc).__name__, message)
+            return CallOutcome(failure=message)
+        return CallOutcome(result=scores)

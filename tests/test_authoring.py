@@ -10,6 +10,7 @@ import types
 from importlib import metadata
 from pathlib import Path
 
+import openreward.environments as openreward_environments
 import ors
 import pytest
 from pydantic import BaseModel
@@ -20,8 +21,10 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from tests.conftest import call_tool, create_episode, serving
 from tests.servers import ROOT
 
-MODELS = ["TextBlock", "ImageBlock", "ToolOutput", "RunToolSuccess", "RunToolError", "RunToolOutput",
-          "ToolSpec", "ListToolsOutput", "ToolCall", "CreateSession", "Split"]
+MODELS = ["TextBlock", "ImageBlock", "ToolOutput", "RunToolSuccess", "ToolSpec", "ToolCall", "Split"]
+# openreward's supersets of ors-sdk models, and its own additions.
+OPENREWARD_MODELS = ["RunToolError", "RunToolOutput", "ListToolsOutput", "TerminalToolSpec", "Message",
+                     "ReasoningBlock", "ToolCallBlock", "ToolResultBlock", "GroupCandidate", "GroupScore"]
 
 
 def test_every_public_name_of_the_reference_exists() -> None:
@@ -29,10 +32,60 @@ def test_every_public_name_of_the_reference_exists() -> None:
     assert missing == []
 
 
+def test_every_authoring_name_of_openreward_exists() -> None:
+    # download_text/upload_text are openreward's sandbox helpers, not part of the ORS surface.
+    missing = [name for name in openreward_environments.__all__
+               if not hasattr(ors_grpc, name) and name not in ("download_text", "upload_text")]
+    assert missing == []
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_models_have_the_reference_schemas(name: str) -> None:
     ours, theirs = getattr(ors_grpc, name), getattr(ors, name)
     assert json.dumps(ours.model_json_schema()) == json.dumps(theirs.model_json_schema())
+
+
+def _without_descriptions(schema: object) -> object:
+    """A JSON schema without `description` keys (pydantic takes them from docstrings)."""
+    if isinstance(schema, dict):
+        return {key: _without_descriptions(value) for key, value in schema.items() if key != "description"}
+    if isinstance(schema, list):
+        return [_without_descriptions(value) for value in schema]
+    return schema
+
+
+@pytest.mark.parametrize("name", OPENREWARD_MODELS)
+def test_superset_models_have_openreward_schemas(name: str) -> None:
+    ours, theirs = getattr(ors_grpc, name), getattr(openreward_environments, name)
+    assert json.dumps(_without_descriptions(ours.model_json_schema())) == json.dumps(
+        _without_descriptions(theirs.model_json_schema()))
+
+
+def test_create_session_is_the_reference_one_plus_toolset_name() -> None:
+    ours = ors_grpc.CreateSession.model_json_schema()
+    theirs = ors.CreateSession.model_json_schema()
+    assert ours["properties"].pop("toolset_name") == {
+        "anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Toolset Name"}
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("role, block, allowed", [
+    ("system", {"text": "t"}, True),
+    ("system", {"type": "reasoning", "text": "r"}, False),
+    ("user", {"type": "tool_result", "tool_call_id": "c", "blocks": []}, True),
+    ("user", {"type": "tool_call", "id": "c", "name": "f", "input": {}}, False),
+    ("assistant", {"type": "tool_call", "id": "c", "name": "f", "input": {}}, True),
+    ("assistant", {"type": "reasoning", "text": "r"}, True),
+    ("assistant", {"type": "tool_result", "tool_call_id": "c", "blocks": []}, False),
+])
+def test_message_block_placement_is_validated_as_openreward_does(role: str, block: dict, allowed: bool) -> None:
+    def outcome(model: type) -> object:
+        try:
+            return model.model_validate({"role": role, "blocks": [block]}).model_dump()
+        except ValueError as exc:
+            return type(exc).__name__
+    assert outcome(ors_grpc.Message) == outcome(openreward_environments.Message)
+    assert (outcome(ors_grpc.Message) != "ValidationError") == allowed
 
 
 def test_models_dump_like_the_reference() -> None:

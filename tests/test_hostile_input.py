@@ -48,6 +48,8 @@ CLIENT_ERROR_CODES = {
     grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # ScoreGroup on an environment without score_group (SCORE_GROUP_UNSUPPORTED).
+    grpc.StatusCode.UNIMPLEMENTED,
 }
 
 
@@ -279,6 +281,13 @@ def _field(field: FieldDescriptor, live: Live, depth: int) -> st.SearchStrategy[
         return st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-5, 5))
     if field.type == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        # Known values, and numbers the server's enum does not have.
+        return st.one_of(st.sampled_from([v.number for v in field.enum_type.values]), st.integers(-5, 2**31 - 1))
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return st.binary(max_size=64)
+    if field.type == FieldDescriptor.TYPE_DOUBLE:
+        return st.floats()
     raise AssertionError(f"no strategy for {field.full_name}")
 
 

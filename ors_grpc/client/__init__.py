@@ -1,13 +1,24 @@
 """Python clients of the ORS gRPC service: `ORSClient` (blocking) and `AsyncORSClient`.
 
 Results are pure Python: `ors_grpc.types` models (ToolOutput, TextBlock,
-ImageBlock, ToolSpec, Split) and plain JSON values, never proto messages.
+ImageBlock, ToolSpec, Split, Message, GroupScore, TerminalToolSpec) and
+plain JSON values, never proto messages.
 """
 
-from ..types import ImageBlock, Split, TextBlock, ToolOutput, ToolSpec
+from ..types import (
+    GroupCandidate,
+    GroupScore,
+    ImageBlock,
+    Message,
+    Split,
+    TerminalToolSpec,
+    TextBlock,
+    ToolOutput,
+    ToolSpec,
+)
 from ._tool_formats import Provider
 from .aio import AsyncEnvironment, AsyncORSClient
-from .errors import ORSServerError, ToolCallError, ToolError, ToolFailedError
+from .errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolError, ToolFailedError
 from .session import AsyncSession
 from .sync import Environment, ORSClient, Session
 from .types import Health, Task
@@ -17,14 +28,19 @@ __all__ = [
     "AsyncORSClient",
     "AsyncSession",
     "Environment",
+    "GroupCandidate",
+    "GroupScore",
     "Health",
     "ImageBlock",
+    "Message",
     "ORSClient",
     "ORSServerError",
     "Provider",
+    "ScoreGroupFailedError",
     "Session",
     "Split",
     "Task",
+    "TerminalToolSpec",
     "TextBlock",
     "ToolCallError",
     "ToolError",

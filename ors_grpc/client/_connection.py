@@ -102,6 +102,10 @@ class Connection:
         """The raw CallTool stream: its AioRpcError is the caller's to classify (break or failure)."""
         return self.stub.CallTool(request, metadata=self.metadata(route_key))
 
+    def score_group_stream(self, request: Any, route_key: str) -> grpc.aio.UnaryStreamCall:
+        """The raw ScoreGroup stream, as `call_tool_stream`."""
+        return self.stub.ScoreGroup(request, metadata=self.metadata(route_key))
+
     def _run_episode_call(self, route_key: str) -> grpc.aio.StreamStreamCall:
         """A RunEpisode call routed by `route_key` (an episode's session id, as `x-session-id`)."""
         return self.stub.RunEpisode(metadata=self.metadata(route_key))

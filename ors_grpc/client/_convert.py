@@ -12,8 +12,19 @@ import base64
 import json
 from typing import Any, Mapping, Optional, Union
 
+from .. import _convert as _service_convert
 from .._generated.ors.v1 import environment_service_pb2, types_pb2
-from ..types import ImageBlock, Split, TextBlock, ToolOutput, ToolSpec
+from ..types import (
+    GroupCandidate,
+    GroupScore,
+    ImageBlock,
+    Message,
+    Split,
+    TerminalToolSpec,
+    TextBlock,
+    ToolOutput,
+    ToolSpec,
+)
 
 Block = Union[TextBlock, ImageBlock]
 
@@ -86,3 +97,32 @@ def tool_call(name: str, tool_input: Mapping[str, Any], task_id: Optional[str]) 
 
 def tool_call_step(name: str, tool_input: Mapping[str, Any], task_id: str) -> environment_service_pb2.ToolCallStep:
     return environment_service_pb2.ToolCallStep(name=name, input=json_value(dict(tool_input)), task_id=task_id)
+
+
+def terminal_tool(listing: Any) -> Optional[TerminalToolSpec]:
+    """A tool listing's terminal tool (ListToolsResponse or ListTaskToolsResponse); None without one."""
+    if not listing.HasField("terminal_tool"):
+        return None
+    spec = listing.terminal_tool
+    return TerminalToolSpec(name=spec.name, arg=spec.arg if spec.HasField("arg") else None, description=spec.description)
+
+
+def refusal_reason(result: types_pb2.RunToolResult) -> Optional[str]:
+    """A refused call's reason (`not_found`, ...), None when the server gave none."""
+    return _service_convert.RUN_TOOL_ERROR_REASON_NAMES.get(result.reason)
+
+
+def messages(wire: Any) -> list[Message]:
+    """A GetMessages answer's messages (the same validation as the environment's)."""
+    return [_service_convert.message_from_proto(m) for m in wire]
+
+
+def group_candidate(candidate: Union[GroupCandidate, Any]) -> types_pb2.GroupCandidate:
+    """A GroupCandidate, or a bare sequence of Messages (or their dicts), as sent."""
+    if not isinstance(candidate, GroupCandidate):
+        candidate = GroupCandidate(messages=list(candidate))
+    return _service_convert.group_candidate_to_proto(candidate)
+
+
+def group_scores(result: environment_service_pb2.ScoreGroupResult) -> list[GroupScore]:
+    return [GroupScore(reward=s.reward, metadata=_optional_json(s, "metadata")) for s in result.scores]

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Union
 import grpc
 
 from .._generated.ors.v1 import environment_service_pb2 as pb
-from ..types import Split, ToolSpec
+from ..types import Split, TerminalToolSpec, ToolSpec
 from . import _convert
 from ._connection import DEFAULT_MAX_MESSAGE_BYTES, Connection
 from ._tool_formats import Provider, format_tools
@@ -119,6 +119,16 @@ class AsyncEnvironment:
         response = await self._connection.unary("ListTools", pb.ListToolsRequest(env_name=self.name))
         return format_tools([_convert.tool_spec(t) for t in response.tools], format)
 
+    async def terminal_tool(self) -> Optional[TerminalToolSpec]:
+        """The environment's terminal tool (hidden from `list_tools`), or None."""
+        response = await self._connection.unary("ListTools", pb.ListToolsRequest(env_name=self.name))
+        return _convert.terminal_tool(response)
+
+    async def supports_score_group(self) -> bool:
+        """True when the environment implements group scoring."""
+        response = await self._connection.unary("ListTools", pb.ListToolsRequest(env_name=self.name))
+        return response.supports_score_group
+
     def session(
         self,
         task: Union[Task, Mapping[str, Any], None] = None,
@@ -126,12 +136,17 @@ class AsyncEnvironment:
         *,
         split: Optional[str] = None,
         index: Optional[int] = None,
+        toolset: Union[str, type, None] = None,
     ) -> AsyncSession:
         """An episode on `task` (a Task or a task spec) or on task `index` of `split`.
 
-        Use it as `async with env.session(...) as session:`.
+        `toolset`: a toolset registered with the server, by name (or its
+        class, named by `name()`), to attach to the episode. Use it as
+        `async with env.session(...) as session:`.
         """
         request = pb.CreateEpisodeRequest(env_name=self.name, secrets=dict(secrets or {}))
+        if toolset is not None:
+            request.toolset_name = toolset if isinstance(toolset, str) else _toolset_name(toolset)
         if (task is None) == (split is None or index is None) or (split is None) != (index is None):
             raise ValueError("pass either task, or both split and index")
         if task is not None:
@@ -143,3 +158,10 @@ class AsyncEnvironment:
 
     def _tasks(self, messages: Any) -> list[Task]:
         return [Task(self.name, _convert.task_spec(m)) for m in messages]
+
+
+def _toolset_name(toolset: Any) -> str:
+    """The registered name of a toolset class or instance: its `name()`, else its class name."""
+    toolset_cls = toolset if isinstance(toolset, type) else type(toolset)
+    name = getattr(toolset_cls, "name", None)
+    return name() if callable(name) else toolset_cls.__name__

@@ -1,8 +1,8 @@
-"""The client's exceptions: one for failed RPCs, two for tool calls that did not produce an output."""
+"""The client's exceptions: one for failed RPCs, two for tool calls that did not produce an output, one for a failed group scoring."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import grpc
 
@@ -11,6 +11,7 @@ from ..errors import ERROR_REASON_METADATA_KEY
 
 __all__ = [
     "ORSServerError",
+    "ScoreGroupFailedError",
     "ToolCallError",
     "ToolError",
     "ToolFailedError",
@@ -60,8 +61,23 @@ class ToolError(Exception):
 
 class ToolCallError(ToolError):
     """The server refused the call without running the tool (a tool-level
-    error: unknown tool, input not matching its schema, episode finished)."""
+    error: unknown tool, input not matching its schema, episode finished).
+    `reason` says which: `not_found`, `name_collision`, `input_validation`,
+    `episode_finished`; None when the server gave none."""
+
+    def __init__(self, tool_name: str, message: str, reason: Optional[str] = None) -> None:
+        super().__init__(tool_name, message)
+        self.reason = reason
 
 
 class ToolFailedError(ToolError):
     """The tool ran and raised; `message` is its exception's message. The session lives on."""
+
+
+class ScoreGroupFailedError(Exception):
+    """The environment's group scoring raised, or returned a wrong number of
+    scores; `message` says which. The session lives on: scoring may be retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"score_group: {message}")
+        self.message = message

@@ -6,17 +6,20 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 
 from .._generated.ors.v1 import environment_service_pb2 as pb
-from ..types import ToolOutput, ToolSpec
+from ..types import GroupCandidate, GroupScore, Message, TerminalToolSpec, ToolOutput, ToolSpec
 from . import _convert
 from ._connection import Connection
 from ._episode_stream import EpisodeStream
+from ._message_formats import format_messages
 from ._tool_formats import Provider, format_tools
-from .errors import ORSServerError, ToolCallError, ToolFailedError
+from .errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolFailedError
+
+T = TypeVar("T")
 
 __all__ = ["AsyncSession"]
 
@@ -79,6 +82,9 @@ class AsyncSession:
         #: session on a reused stream, the id that stream was opened (and
         #: routed to its backend) with.
         self._route_key: Optional[str] = None
+        #: The episode's last tool listing: its terminal tool and score-group
+        #: support do not change during an episode.
+        self._listing: Optional[pb.ListTaskToolsResponse] = None
 
     async def __aenter__(self) -> "AsyncSession":
         if not (self._stream_episode and await self._create_on_stream()):
@@ -148,11 +154,84 @@ class AsyncSession:
         response = await self._step("GetPrompt", "get_prompt", pb.GetPromptRequest(session_id=self._live_id()))
         return _convert.blocks(response.blocks)
 
+    async def get_messages(
+        self, format: Optional[Provider] = None
+    ) -> Union[list[Message], list[dict[str, Any]], dict[str, Any]]:
+        """The prompt as a role-tagged conversation (an environment without
+        `get_messages` answers its prompt as one user message), optionally in
+        a provider's shape ("openai", "openrouter", "anthropic", "google")."""
+        response = await self._step("GetMessages", "get_messages", pb.GetMessagesRequest(session_id=self._live_id()))
+        return format_messages(_convert.messages(response.messages), format)
+
     async def list_tools(self, format: Optional[Provider] = None) -> Union[list[ToolSpec], list[dict[str, Any]]]:
-        """The episode's tools (shared, then task-specific), optionally in a provider's shape."""
+        """The episode's tools (shared, then task-specific, then its toolset's;
+        the terminal tool apart), optionally in a provider's shape."""
         request = pb.ListTaskToolsRequest(session_id=self._live_id())
-        response = await self._step("ListTaskTools", "list_task_tools", request)
+        self._listing = response = await self._step("ListTaskTools", "list_task_tools", request)
         return format_tools([_convert.tool_spec(t) for t in response.tools], format)
+
+    async def _tool_listing(self) -> pb.ListTaskToolsResponse:
+        if self._listing is None:
+            await self.list_tools()
+        assert self._listing is not None
+        return self._listing
+
+    async def terminal_tool(self) -> Optional[TerminalToolSpec]:
+        """The episode's terminal tool, or None (listed once, then remembered)."""
+        return _convert.terminal_tool(await self._tool_listing())
+
+    async def is_assistant_message_final(self) -> bool:
+        """True when a plain assistant message ends the rollout: send its text
+        to `call_terminal_tool`."""
+        return (await self.terminal_tool()) is not None
+
+    async def call_terminal_tool(self, message: str = "") -> ToolOutput:
+        """Calls the terminal tool with `message` as its one input field (none
+        for a terminal tool without input). ToolCallError (reason
+        `not_found`) when the episode has no terminal tool."""
+        spec = await self.terminal_tool()
+        if spec is None:
+            raise ToolCallError("<terminal>", f"Environment {self.env_name!r} has no @terminal tool", "not_found")
+        return await self.call_tool(spec.name, {} if spec.arg is None else {spec.arg: message})
+
+    async def supports_score_group(self) -> bool:
+        """True when the environment implements group scoring."""
+        return (await self._tool_listing()).supports_score_group
+
+    async def score_group(self, candidates: Sequence[Union[GroupCandidate, Sequence[Message]]]) -> list[GroupScore]:
+        """Scores candidate completions of this episode's task (GroupCandidates,
+        or bare message lists): one GroupScore per candidate, in order.
+
+        Raises ScoreGroupFailedError when the environment's scoring raised,
+        ORSServerError (reason ERROR_REASON_SCORE_GROUP_UNSUPPORTED) when it
+        does not implement it. A broken stream is reattached by task id, as
+        for tool calls.
+        """
+        scoring = _PendingScoring([_convert.group_candidate(c) for c in candidates])
+        session_id = self._live_id()
+        return await self._reattaching(
+            "score_group", scoring,
+            lambda stream: _score_on_episode_stream(stream, scoring),
+            lambda: self._stream_scoring(scoring, session_id),
+        )
+
+    async def _stream_scoring(self, scoring: "_PendingScoring", session_id: str) -> list[GroupScore]:
+        """One ScoreGroup stream: a new scoring, or a reattach once `scoring.task_id` is known."""
+        request = pb.ScoreGroupRequest(session_id=session_id, candidates=scoring.candidates,
+                                       task_id=scoring.task_id or "")
+        stream = self._connection.score_group_stream(request, self._route_key)
+        try:
+            async for event in stream:
+                kind = event.WhichOneof("event")
+                if kind == "task_id":
+                    scoring.task_id = event.task_id
+                elif kind == "result":
+                    return _convert.group_scores(event.result)
+                elif kind == "failure":
+                    raise ScoreGroupFailedError(event.failure.message)
+        finally:
+            stream.cancel()
+        raise ORSServerError(grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "ScoreGroup stream ended without a result")
 
     async def _step(self, method: str, step: str, request: Any) -> Any:
         """One answer to `request`: on the episode stream when it is free, else by RPC `method`."""
@@ -180,23 +259,36 @@ class AsyncSession:
         """
         call = _PendingCall(name, _checked_input(input))
         session_id = self._live_id()
+        return await self._reattaching(
+            f"call of {name}", call,
+            lambda stream: _call_on_episode_stream(stream, call),
+            lambda: self._stream_call(call, session_id),
+        )
+
+    async def _reattaching(
+        self, what: str, pending: Any,
+        on_episode_stream: Callable[[EpisodeStream], Awaitable[T]], by_rpc: Callable[[], Awaitable[T]],
+    ) -> T:
+        """Runs work that has a task id (a tool call, a scoring): on the free
+        episode stream, else by its streaming RPC; a stream that breaks once
+        `pending.task_id` is known is reattached (never re-run) with backoff."""
         first_break: Optional[grpc.aio.AioRpcError] = None
         for attempt in range(self._reattach_attempts + 1):
             try:
                 stream = self._free_stream() if attempt == 0 else None
                 if stream is not None:
-                    return await _call_on_episode_stream(stream, call)
-                return await self._stream_call(call, session_id)
+                    return await on_episode_stream(stream)
+                return await by_rpc()
             except grpc.aio.AioRpcError as error:
                 failure = ORSServerError.from_rpc_error(error)
                 if first_break is not None and failure.reason == _UNKNOWN_TASK_ID:
                     raise _never_started(first_break) from None
-                # Before the task id is known we cannot know whether the tool
+                # Before the task id is known we cannot know whether the work
                 # started, and running it twice is worse than failing.
-                if call.task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
+                if pending.task_id is None or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
                     raise failure from None
                 first_break = first_break or error
-                logger.info("call of %s broke (%s); reattaching by task id", name, error.code().name)
+                logger.info("%s broke (%s); reattaching by task id", what, error.code().name)
                 await asyncio.sleep(min(_REATTACH_BASE_DELAY_S * 2**attempt, _REATTACH_MAX_DELAY_S))
                 await self._connection.wait_ready(_RECONNECT_TIMEOUT_S)
         raise AssertionError("unreachable")
@@ -274,6 +366,14 @@ class _PendingCall:
     task_id: Optional[str] = None
 
 
+@dataclass
+class _PendingScoring:
+    """A group scoring being made; `task_id` is set once the server sent it."""
+
+    candidates: list[Any]
+    task_id: Optional[str] = None
+
+
 def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     if tool_input is None:
         return {}
@@ -297,6 +397,19 @@ async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> 
     return _tool_result(call.name, event.result)
 
 
+async def _score_on_episode_stream(stream: EpisodeStream, scoring: _PendingScoring) -> list[GroupScore]:
+    """A score_group step under a task id chosen here (kept in `scoring`, to reattach); its outcome."""
+    scoring.task_id = uuid.uuid4().hex
+    step = pb.ScoreGroupStep(candidates=scoring.candidates, task_id=scoring.task_id)
+    answer = await stream.ask(pb.RunEpisodeRequest(score_group=step))
+    if answer.WhichOneof("step") == "error":
+        raise ORSServerError.from_step_error(answer.error)
+    event = answer.score_group
+    if event.WhichOneof("event") == "failure":
+        raise ScoreGroupFailedError(event.failure.message)
+    return _convert.group_scores(event.result)
+
+
 def _never_started(stream_break: grpc.aio.AioRpcError) -> ORSServerError:
     return ORSServerError(
         stream_break.code(), "ERROR_REASON_UNSPECIFIED",
@@ -306,5 +419,5 @@ def _never_started(stream_break: grpc.aio.AioRpcError) -> ORSServerError:
 
 def _tool_result(name: str, result: Any) -> ToolOutput:
     if result.WhichOneof("outcome") == "error":
-        raise ToolCallError(name, result.error)
+        raise ToolCallError(name, result.error, _convert.refusal_reason(result))
     return _convert.tool_output(result.output)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, Mapping, Optional, TypeVar, Union
+from typing import Any, Coroutine, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 
-from ..types import Split, ToolOutput, ToolSpec
+from ..types import GroupCandidate, GroupScore, Message, Split, TerminalToolSpec, ToolOutput, ToolSpec
 from ._connection import DEFAULT_MAX_MESSAGE_BYTES
 from ._convert import Block
 from ._tool_formats import Provider
@@ -97,6 +97,24 @@ class Session:
     def call_tool(self, name: str, input: Optional[Mapping[str, Any]] = None) -> ToolOutput:
         return self._loop.run(self._async.call_tool(name, input))
 
+    def get_messages(self, format: Optional[Provider] = None) -> Union[list[Message], list[dict[str, Any]], dict[str, Any]]:
+        return self._loop.run(self._async.get_messages(format))
+
+    def terminal_tool(self) -> Optional[TerminalToolSpec]:
+        return self._loop.run(self._async.terminal_tool())
+
+    def is_assistant_message_final(self) -> bool:
+        return self._loop.run(self._async.is_assistant_message_final())
+
+    def call_terminal_tool(self, message: str = "") -> ToolOutput:
+        return self._loop.run(self._async.call_terminal_tool(message))
+
+    def supports_score_group(self) -> bool:
+        return self._loop.run(self._async.supports_score_group())
+
+    def score_group(self, candidates: Sequence[Union[GroupCandidate, Sequence[Message]]]) -> list[GroupScore]:
+        return self._loop.run(self._async.score_group(candidates))
+
     def ping(self) -> None:
         self._loop.run(self._async.ping())
 
@@ -130,6 +148,12 @@ class Environment:
     def list_tools(self, format: Optional[Provider] = None) -> Union[list[ToolSpec], list[dict[str, Any]]]:
         return self._loop.run(self._async.list_tools(format))
 
+    def terminal_tool(self) -> Optional[TerminalToolSpec]:
+        return self._loop.run(self._async.terminal_tool())
+
+    def supports_score_group(self) -> bool:
+        return self._loop.run(self._async.supports_score_group())
+
     def session(
         self,
         task: Union[Task, Mapping[str, Any], None] = None,
@@ -137,8 +161,9 @@ class Environment:
         *,
         split: Optional[str] = None,
         index: Optional[int] = None,
+        toolset: Union[str, type, None] = None,
     ) -> Session:
-        return Session(self._async.session(task, secrets, split=split, index=index), self._loop)
+        return Session(self._async.session(task, secrets, split=split, index=index, toolset=toolset), self._loop)
 
 
 class ORSClient:

@@ -96,6 +96,75 @@ class ErrorReason(betterproto.Enum):
     UNAUTHENTICATED = 12
     """The API key is missing or wrong. UNAUTHENTICATED."""
 
+    SCORE_GROUP_UNSUPPORTED = 13
+    """
+    The environment does not implement `score_group` (its tool listings say
+     `supports_score_group: false`). UNIMPLEMENTED.
+    """
+
+    UNKNOWN_TOOLSET = 14
+    """
+    No toolset registered with the server has the requested `toolset_name`;
+     the message names the valid ones. INVALID_ARGUMENT.
+    """
+
+    ENVIRONMENT_STARTING = 15
+    """
+    The call waited the server's bounded time for the episode's `setup()`,
+     which is still running; retry later (the `retry-after` trailing metadata
+     entry says after how many seconds). UNAVAILABLE.
+    """
+
+
+class RunToolErrorReason(betterproto.Enum):
+    """
+    Why a tool call was refused without running the tool. JSON RunToolError
+     `reason`: `"not_found"`, `"name_collision"`, `"input_validation"`,
+     `"episode_finished"` (null when unspecified).
+    """
+
+    UNSPECIFIED = 0
+    """No reason given (a success, or an older server); JSON `null`."""
+
+    NOT_FOUND = 1
+    """No tool of the session has that name (JSON `"not_found"`)."""
+
+    NAME_COLLISION = 2
+    """
+    The name belongs to both the environment and one of its toolsets
+     (JSON `"name_collision"`).
+    """
+
+    INPUT_VALIDATION = 3
+    """
+    The input does not fit the tool's input model (JSON
+     `"input_validation"`).
+    """
+
+    EPISODE_FINISHED = 4
+    """
+    A tool of the session already returned `finished: true` (JSON
+     `"episode_finished"`).
+    """
+
+
+class MessageRole(betterproto.Enum):
+    """Who speaks a message. JSON Message `role`."""
+
+    UNSPECIFIED = 0
+    """Not set; never sent by the server."""
+
+    SYSTEM = 1
+    """Instructions to the agent (JSON `"system"`)."""
+
+    USER = 2
+    """The user's turn, tool results included (JSON `"user"`)."""
+
+    ASSISTANT = 3
+    """
+    The agent's turn: text, reasoning and tool calls (JSON `"assistant"`).
+    """
+
 
 class SplitType(betterproto.Enum):
     """What a split is used for."""
@@ -253,6 +322,168 @@ class RunToolResult(betterproto.Message):
      (JSON `"ok": false`).
     """
 
+    reason: "RunToolErrorReason" = betterproto.enum_field(3)
+    """
+    Why the call was refused, when `error` is set (JSON `reason`, added by
+     openreward SDK 0.1.157); UNSPECIFIED on success and from older servers.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class TerminalToolSpec(betterproto.Message):
+    """
+    The environment's terminal tool: hidden from the tool list, it receives
+     the agent's final plain message. JSON TerminalToolSpec: `{"name", "arg",
+     "description"}`.
+    """
+
+    name: str = betterproto.string_field(1)
+    """The tool's name, used to call it."""
+
+    arg: Optional[str] = betterproto.string_field(2, optional=True)
+    """
+    The single field of the tool's input model that receives the message;
+     unset (JSON `null`) when the tool takes no input.
+    """
+
+    description: str = betterproto.string_field(3)
+    """What the tool does (the tool function's docstring)."""
+
+
+@dataclass(eq=False, repr=False)
+class ReasoningBlock(betterproto.Message):
+    """
+    A reasoning (thinking) segment of an assistant turn. JSON: `{"text",
+     "signature", "detail", "type": "reasoning"}`.
+    """
+
+    text: str = betterproto.string_field(1)
+    """The reasoning text, in plain text."""
+
+    signature: Optional[str] = betterproto.string_field(2, optional=True)
+    """
+    A provider's signature of the thinking, passed through for replay;
+     unset (JSON `null`) when there is none.
+    """
+
+    detail: "JsonValue" = betterproto.message_field(3)
+    """Optional metadata about this block, a JSON object; unset means null."""
+
+
+@dataclass(eq=False, repr=False)
+class ToolCallBlock(betterproto.Message):
+    """
+    A tool invocation inside an assistant turn. JSON: `{"id", "name", "input",
+     "detail", "type": "tool_call"}`.
+    """
+
+    id: str = betterproto.string_field(1)
+    """The call's id, which a ToolResultBlock refers to."""
+
+    name: str = betterproto.string_field(2)
+    """The called tool's name."""
+
+    input: "JsonValue" = betterproto.message_field(3)
+    """The call's input, a JSON object."""
+
+    detail: "JsonValue" = betterproto.message_field(4)
+    """Optional metadata about this block, a JSON object; unset means null."""
+
+
+@dataclass(eq=False, repr=False)
+class ToolResultBlock(betterproto.Message):
+    """
+    A tool's result inside a user turn. JSON: `{"tool_call_id", "blocks",
+     "is_error", "detail", "type": "tool_result"}`.
+    """
+
+    tool_call_id: str = betterproto.string_field(1)
+    """The id of the ToolCallBlock this answers."""
+
+    blocks: List["Block"] = betterproto.message_field(2)
+    """The result's content: text and image blocks."""
+
+    is_error: bool = betterproto.bool_field(3)
+    """True when the tool call failed."""
+
+    detail: "JsonValue" = betterproto.message_field(4)
+    """Optional metadata about this block, a JSON object; unset means null."""
+
+
+@dataclass(eq=False, repr=False)
+class MessageBlock(betterproto.Message):
+    """
+    One unit of content in a message: any block type a message may carry.
+     The types a server accepts are listed in `message_block_types` of its tool
+     listings.
+    """
+
+    text: "TextBlock" = betterproto.message_field(1, group="block")
+    """Text content (JSON `"type": "text"`)."""
+
+    image: "ImageBlock" = betterproto.message_field(2, group="block")
+    """Image content (JSON `"type": "image"`)."""
+
+    reasoning: "ReasoningBlock" = betterproto.message_field(3, group="block")
+    """Reasoning; assistant turns only (JSON `"type": "reasoning"`)."""
+
+    tool_call: "ToolCallBlock" = betterproto.message_field(4, group="block")
+    """A tool call; assistant turns only (JSON `"type": "tool_call"`)."""
+
+    tool_result: "ToolResultBlock" = betterproto.message_field(5, group="block")
+    """A tool result; user turns only (JSON `"type": "tool_result"`)."""
+
+
+@dataclass(eq=False, repr=False)
+class Message(betterproto.Message):
+    """
+    One turn of a conversation. JSON Message: `{"role", "blocks", "detail"}`.
+     Placement: reasoning and tool_call blocks only in assistant turns,
+     tool_result blocks only in user turns, system turns hold text and images.
+    """
+
+    role: "MessageRole" = betterproto.enum_field(1)
+    """Who speaks."""
+
+    blocks: List["MessageBlock"] = betterproto.message_field(2)
+    """The turn's content, in order."""
+
+    detail: "JsonValue" = betterproto.message_field(3)
+    """
+    Optional metadata about this message, a JSON object; unset means null.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class GroupCandidate(betterproto.Message):
+    """
+    One rollout's completion submitted for group scoring. JSON GroupCandidate:
+     `{"messages", "metadata"}`.
+    """
+
+    messages: List["Message"] = betterproto.message_field(1)
+    """The candidate as a role-tagged transcript."""
+
+    metadata: "JsonValue" = betterproto.message_field(2)
+    """
+    The caller's correlation data, a JSON object, echoed untouched to the
+     environment; unset means null.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class GroupScore(betterproto.Message):
+    """
+    The score of one group candidate, index-aligned with the candidates.
+     JSON GroupScore: `{"reward", "metadata"}`.
+    """
+
+    reward: float = betterproto.double_field(1)
+    """The comparative reward."""
+
+    metadata: "JsonValue" = betterproto.message_field(2)
+    """Optional judging detail, a JSON object; unset means null."""
+
 
 @dataclass(eq=False, repr=False)
 class Split(betterproto.Message):
@@ -340,7 +571,23 @@ class ListToolsResponse(betterproto.Message):
     """Response of ListTools."""
 
     tools: List["ToolSpec"] = betterproto.message_field(1)
-    """The environment's shared tools."""
+    """The environment's shared tools (the terminal tool left out)."""
+
+    terminal_tool: "TerminalToolSpec" = betterproto.message_field(2)
+    """
+    The environment's terminal tool; unset when it has none (JSON
+     `terminal_tool: null`).
+    """
+
+    supports_score_group: bool = betterproto.bool_field(3)
+    """True when the environment implements ScoreGroup."""
+
+    message_block_types: List[str] = betterproto.string_field(4)
+    """
+    The block types the server accepts in messages (GetMessages answers and
+     ScoreGroup candidates), for example `text`, `image`, `reasoning`,
+     `tool_call`, `tool_result`.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -502,6 +749,14 @@ class CreateEpisodeRequest(betterproto.Message):
      logged, echoed or persisted.
     """
 
+    toolset_name: Optional[str] = betterproto.string_field(6, optional=True)
+    """
+    The name of a toolset registered with the server to attach to the
+     episode: its tools join the episode's (replacing same-named ones) and its
+     terminal tool, if any, wins. Unset means none; an unknown name fails with
+     UNKNOWN_TOOLSET.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class CreateEpisodeResponse(betterproto.Message):
@@ -540,7 +795,24 @@ class ListTaskToolsResponse(betterproto.Message):
     """Response of ListTaskTools."""
 
     tools: List["ToolSpec"] = betterproto.message_field(1)
-    """The shared tools, then the tools specific to the episode's task."""
+    """
+    The shared tools, then the tools specific to the episode's task, then
+     those of the session's toolset (the terminal tool left out).
+    """
+
+    terminal_tool: "TerminalToolSpec" = betterproto.message_field(2)
+    """
+    The episode's terminal tool (the session toolset's, else the
+     environment's); unset when it has none.
+    """
+
+    supports_score_group: bool = betterproto.bool_field(3)
+    """True when the environment implements ScoreGroup."""
+
+    message_block_types: List[str] = betterproto.string_field(4)
+    """
+    The block types the server accepts in messages (see ListToolsResponse).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -659,6 +931,16 @@ class RunEpisodeRequest(betterproto.Message):
     Ends the episode, as DeleteEpisode (which also releases the session id).
     """
 
+    get_messages: "GetMessagesRequest" = betterproto.message_field(10, group="step")
+    """Reads the prompt as messages, as GetMessages."""
+
+    score_group: "ScoreGroupStep" = betterproto.message_field(11, group="step")
+    """
+    Scores a group of candidates, as ScoreGroup; answered by the scoring's
+     outcome (its result or failure) only, since the client chose its task
+     id.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class ToolCallStep(betterproto.Message):
@@ -710,6 +992,15 @@ class RunEpisodeResponse(betterproto.Message):
     The step failed, as the matching RPC would have with an error status.
     """
 
+    get_messages: "GetMessagesResponse" = betterproto.message_field(10, group="step")
+    """The episode's prompt as messages."""
+
+    score_group: "ScoreGroupResponse" = betterproto.message_field(11, group="step")
+    """
+    The scoring's outcome: a `result` or a `failure` event, as ScoreGroup's
+     last.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class StepError(betterproto.Message):
@@ -726,6 +1017,91 @@ class StepError(betterproto.Message):
 
     message: str = betterproto.string_field(3)
     """The human-readable message."""
+
+
+@dataclass(eq=False, repr=False)
+class GetMessagesRequest(betterproto.Message):
+    """Request of GetMessages."""
+
+    session_id: str = betterproto.string_field(1)
+    """The episode's session id."""
+
+
+@dataclass(eq=False, repr=False)
+class GetMessagesResponse(betterproto.Message):
+    """Response of GetMessages."""
+
+    messages: List["Message"] = betterproto.message_field(1)
+    """The prompt as a conversation, in order."""
+
+
+@dataclass(eq=False, repr=False)
+class ScoreGroupRequest(betterproto.Message):
+    """Request of ScoreGroup."""
+
+    session_id: str = betterproto.string_field(1)
+    """The episode's session id."""
+
+    candidates: List["GroupCandidate"] = betterproto.message_field(2)
+    """The candidates to score; ignored when `task_id` is set."""
+
+    task_id: str = betterproto.string_field(3)
+    """
+    Set to the task id of an earlier scoring of this session to attach to
+     it (its result) instead of scoring again; empty for a new scoring.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ScoreGroupResult(betterproto.Message):
+    """
+    The scores of a group, one per candidate, in the candidates' order. JSON
+     ScoreGroupOutput: `{"scores": [GroupScore]}`.
+    """
+
+    scores: List["GroupScore"] = betterproto.message_field(1)
+    """The scores."""
+
+
+@dataclass(eq=False, repr=False)
+class ScoreGroupFailure(betterproto.Message):
+    """
+    The environment's `score_group` raised, or returned a number of scores
+     other than the number of candidates. The session lives on.
+    """
+
+    message: str = betterproto.string_field(1)
+    """The error's message."""
+
+
+@dataclass(eq=False, repr=False)
+class ScoreGroupResponse(betterproto.Message):
+    """One event of a ScoreGroup stream."""
+
+    task_id: str = betterproto.string_field(1, group="event")
+    """First event: the scoring's task id, to attach to it again."""
+
+    result: "ScoreGroupResult" = betterproto.message_field(2, group="event")
+    """Last event on success: the scores."""
+
+    failure: "ScoreGroupFailure" = betterproto.message_field(3, group="event")
+    """Last event when the scoring failed."""
+
+
+@dataclass(eq=False, repr=False)
+class ScoreGroupStep(betterproto.Message):
+    """A group scoring made as a RunEpisode step."""
+
+    candidates: List["GroupCandidate"] = betterproto.message_field(1)
+    """The candidates to score."""
+
+    task_id: str = betterproto.string_field(2)
+    """
+    The scoring's task id, chosen by the client, under the rules of
+     ToolCallStep's `task_id` (the two share the episode's task ids). If the
+     stream breaks before the outcome arrives, attach with ScoreGroup and
+     this id.
+    """
 
 
 class EnvironmentServiceStub(betterproto.ServiceStub):
@@ -1040,6 +1416,41 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
         ):
             yield response
 
+    async def get_messages(
+        self,
+        get_messages_request: "GetMessagesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "GetMessagesResponse":
+        return await self._unary_unary(
+            "/ors.v1.EnvironmentService/GetMessages",
+            get_messages_request,
+            GetMessagesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def score_group(
+        self,
+        score_group_request: "ScoreGroupRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[ScoreGroupResponse]:
+        async for response in self._unary_stream(
+            "/ors.v1.EnvironmentService/ScoreGroup",
+            score_group_request,
+            ScoreGroupResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -1126,6 +1537,17 @@ class EnvironmentServiceBase(ServiceBase):
     ) -> AsyncIterator[RunEpisodeResponse]:
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield RunEpisodeResponse()
+
+    async def get_messages(
+        self, get_messages_request: "GetMessagesRequest"
+    ) -> "GetMessagesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def score_group(
+        self, score_group_request: "ScoreGroupRequest"
+    ) -> AsyncIterator[ScoreGroupResponse]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield ScoreGroupResponse()
 
     async def __rpc_health(
         self, stream: "grpclib.server.Stream[HealthRequest, HealthResponse]"
@@ -1265,6 +1687,23 @@ class EnvironmentServiceBase(ServiceBase):
             request,
         )
 
+    async def __rpc_get_messages(
+        self, stream: "grpclib.server.Stream[GetMessagesRequest, GetMessagesResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_messages(request)
+        await stream.send_message(response)
+
+    async def __rpc_score_group(
+        self, stream: "grpclib.server.Stream[ScoreGroupRequest, ScoreGroupResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        await self._call_rpc_handler_server_stream(
+            self.score_group,
+            stream,
+            request,
+        )
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -1374,5 +1813,17 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.STREAM_STREAM,
                 RunEpisodeRequest,
                 RunEpisodeResponse,
+            ),
+            "/ors.v1.EnvironmentService/GetMessages": grpclib.const.Handler(
+                self.__rpc_get_messages,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetMessagesRequest,
+                GetMessagesResponse,
+            ),
+            "/ors.v1.EnvironmentService/ScoreGroup": grpclib.const.Handler(
+                self.__rpc_score_group,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                ScoreGroupRequest,
+                ScoreGroupResponse,
             ),
         }

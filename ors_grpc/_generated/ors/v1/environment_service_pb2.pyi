@@ -48,10 +48,16 @@ class ListToolsRequest(_message.Message):
     def __init__(self, env_name: _Optional[str] = ...) -> None: ...
 
 class ListToolsResponse(_message.Message):
-    __slots__ = ("tools",)
+    __slots__ = ("tools", "terminal_tool", "supports_score_group", "message_block_types")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_TOOL_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_SCORE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_BLOCK_TYPES_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolSpec]
-    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolSpec, _Mapping]]] = ...) -> None: ...
+    terminal_tool: _types_pb2.TerminalToolSpec
+    supports_score_group: bool
+    message_block_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolSpec, _Mapping]]] = ..., terminal_tool: _Optional[_Union[_types_pb2.TerminalToolSpec, _Mapping]] = ..., supports_score_group: _Optional[bool] = ..., message_block_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListSplitsRequest(_message.Message):
     __slots__ = ("env_name",)
@@ -148,7 +154,7 @@ class TaskIndex(_message.Message):
     def __init__(self, split: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class CreateEpisodeRequest(_message.Message):
-    __slots__ = ("session_id", "env_name", "task_spec", "task_index", "secrets")
+    __slots__ = ("session_id", "env_name", "task_spec", "task_index", "secrets", "toolset_name")
     class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -161,12 +167,14 @@ class CreateEpisodeRequest(_message.Message):
     TASK_SPEC_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
+    TOOLSET_NAME_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     env_name: str
     task_spec: _types_pb2.JsonValue
     task_index: TaskIndex
     secrets: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., env_name: _Optional[str] = ..., task_spec: _Optional[_Union[_types_pb2.JsonValue, _Mapping]] = ..., task_index: _Optional[_Union[TaskIndex, _Mapping]] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    toolset_name: str
+    def __init__(self, session_id: _Optional[str] = ..., env_name: _Optional[str] = ..., task_spec: _Optional[_Union[_types_pb2.JsonValue, _Mapping]] = ..., task_index: _Optional[_Union[TaskIndex, _Mapping]] = ..., secrets: _Optional[_Mapping[str, str]] = ..., toolset_name: _Optional[str] = ...) -> None: ...
 
 class CreateEpisodeResponse(_message.Message):
     __slots__ = ("session_id",)
@@ -193,10 +201,16 @@ class ListTaskToolsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class ListTaskToolsResponse(_message.Message):
-    __slots__ = ("tools",)
+    __slots__ = ("tools", "terminal_tool", "supports_score_group", "message_block_types")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_TOOL_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_SCORE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_BLOCK_TYPES_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolSpec]
-    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolSpec, _Mapping]]] = ...) -> None: ...
+    terminal_tool: _types_pb2.TerminalToolSpec
+    supports_score_group: bool
+    message_block_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolSpec, _Mapping]]] = ..., terminal_tool: _Optional[_Union[_types_pb2.TerminalToolSpec, _Mapping]] = ..., supports_score_group: _Optional[bool] = ..., message_block_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
     __slots__ = ("session_id", "call")
@@ -259,18 +273,22 @@ class DeleteSessionIdResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class RunEpisodeRequest(_message.Message):
-    __slots__ = ("create", "get_prompt", "list_task_tools", "call_tool", "delete")
+    __slots__ = ("create", "get_prompt", "list_task_tools", "call_tool", "delete", "get_messages", "score_group")
     CREATE_FIELD_NUMBER: _ClassVar[int]
     GET_PROMPT_FIELD_NUMBER: _ClassVar[int]
     LIST_TASK_TOOLS_FIELD_NUMBER: _ClassVar[int]
     CALL_TOOL_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
+    GET_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SCORE_GROUP_FIELD_NUMBER: _ClassVar[int]
     create: CreateEpisodeRequest
     get_prompt: GetPromptRequest
     list_task_tools: ListTaskToolsRequest
     call_tool: ToolCallStep
     delete: DeleteEpisodeRequest
-    def __init__(self, create: _Optional[_Union[CreateEpisodeRequest, _Mapping]] = ..., get_prompt: _Optional[_Union[GetPromptRequest, _Mapping]] = ..., list_task_tools: _Optional[_Union[ListTaskToolsRequest, _Mapping]] = ..., call_tool: _Optional[_Union[ToolCallStep, _Mapping]] = ..., delete: _Optional[_Union[DeleteEpisodeRequest, _Mapping]] = ...) -> None: ...
+    get_messages: GetMessagesRequest
+    score_group: ScoreGroupStep
+    def __init__(self, create: _Optional[_Union[CreateEpisodeRequest, _Mapping]] = ..., get_prompt: _Optional[_Union[GetPromptRequest, _Mapping]] = ..., list_task_tools: _Optional[_Union[ListTaskToolsRequest, _Mapping]] = ..., call_tool: _Optional[_Union[ToolCallStep, _Mapping]] = ..., delete: _Optional[_Union[DeleteEpisodeRequest, _Mapping]] = ..., get_messages: _Optional[_Union[GetMessagesRequest, _Mapping]] = ..., score_group: _Optional[_Union[ScoreGroupStep, _Mapping]] = ...) -> None: ...
 
 class ToolCallStep(_message.Message):
     __slots__ = ("name", "input", "task_id")
@@ -283,20 +301,24 @@ class ToolCallStep(_message.Message):
     def __init__(self, name: _Optional[str] = ..., input: _Optional[_Union[_types_pb2.JsonValue, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class RunEpisodeResponse(_message.Message):
-    __slots__ = ("create", "get_prompt", "list_task_tools", "call_tool", "delete", "error")
+    __slots__ = ("create", "get_prompt", "list_task_tools", "call_tool", "delete", "error", "get_messages", "score_group")
     CREATE_FIELD_NUMBER: _ClassVar[int]
     GET_PROMPT_FIELD_NUMBER: _ClassVar[int]
     LIST_TASK_TOOLS_FIELD_NUMBER: _ClassVar[int]
     CALL_TOOL_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    GET_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SCORE_GROUP_FIELD_NUMBER: _ClassVar[int]
     create: CreateEpisodeResponse
     get_prompt: GetPromptResponse
     list_task_tools: ListTaskToolsResponse
     call_tool: CallToolResponse
     delete: DeleteEpisodeResponse
     error: StepError
-    def __init__(self, create: _Optional[_Union[CreateEpisodeResponse, _Mapping]] = ..., get_prompt: _Optional[_Union[GetPromptResponse, _Mapping]] = ..., list_task_tools: _Optional[_Union[ListTaskToolsResponse, _Mapping]] = ..., call_tool: _Optional[_Union[CallToolResponse, _Mapping]] = ..., delete: _Optional[_Union[DeleteEpisodeResponse, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ...) -> None: ...
+    get_messages: GetMessagesResponse
+    score_group: ScoreGroupResponse
+    def __init__(self, create: _Optional[_Union[CreateEpisodeResponse, _Mapping]] = ..., get_prompt: _Optional[_Union[GetPromptResponse, _Mapping]] = ..., list_task_tools: _Optional[_Union[ListTaskToolsResponse, _Mapping]] = ..., call_tool: _Optional[_Union[CallToolResponse, _Mapping]] = ..., delete: _Optional[_Union[DeleteEpisodeResponse, _Mapping]] = ..., error: _Optional[_Union[StepError, _Mapping]] = ..., get_messages: _Optional[_Union[GetMessagesResponse, _Mapping]] = ..., score_group: _Optional[_Union[ScoreGroupResponse, _Mapping]] = ...) -> None: ...
 
 class StepError(_message.Message):
     __slots__ = ("code", "reason", "message")
@@ -307,3 +329,55 @@ class StepError(_message.Message):
     reason: _errors_pb2.ErrorReason
     message: str
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[_Union[_errors_pb2.ErrorReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GetMessagesRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetMessagesResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[_types_pb2.Message, _Mapping]]] = ...) -> None: ...
+
+class ScoreGroupRequest(_message.Message):
+    __slots__ = ("session_id", "candidates", "task_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    candidates: _containers.RepeatedCompositeFieldContainer[_types_pb2.GroupCandidate]
+    task_id: str
+    def __init__(self, session_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[_types_pb2.GroupCandidate, _Mapping]]] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class ScoreGroupResult(_message.Message):
+    __slots__ = ("scores",)
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    scores: _containers.RepeatedCompositeFieldContainer[_types_pb2.GroupScore]
+    def __init__(self, scores: _Optional[_Iterable[_Union[_types_pb2.GroupScore, _Mapping]]] = ...) -> None: ...
+
+class ScoreGroupFailure(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class ScoreGroupResponse(_message.Message):
+    __slots__ = ("task_id", "result", "failure")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    result: ScoreGroupResult
+    failure: ScoreGroupFailure
+    def __init__(self, task_id: _Optional[str] = ..., result: _Optional[_Union[ScoreGroupResult, _Mapping]] = ..., failure: _Optional[_Union[ScoreGroupFailure, _Mapping]] = ...) -> None: ...
+
+class ScoreGroupStep(_message.Message):
+    __slots__ = ("candidates", "task_id")
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[_types_pb2.GroupCandidate]
+    task_id: str
+    def __init__(self, candidates: _Optional[_Iterable[_Union[_types_pb2.GroupCandidate, _Mapping]]] = ..., task_id: _Optional[str] = ...) -> None: ...

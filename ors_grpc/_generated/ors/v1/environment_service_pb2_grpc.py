@@ -30,7 +30,7 @@ class EnvironmentServiceStub:
     """Hosts ORS environments and owns every episode session.
 
     Session-scoped RPCs (CreateEpisode, GetPrompt, ListTaskTools, CallTool,
-    Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
+    Ping, DeleteEpisode, DeleteSessionId, GetMessages, ScoreGroup) carry the session id in their
     request; clients also send it as the metadata entry `x-session-id`, so that
     a load balancer can route all of a session's calls to the backend that
     holds it. When the request field is empty the metadata entry is used.
@@ -137,13 +137,23 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.FromString,
                 _registered_method=True)
+        self.GetMessages = channel.unary_unary(
+                '/ors.v1.EnvironmentService/GetMessages',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.GetMessagesRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.GetMessagesResponse.FromString,
+                _registered_method=True)
+        self.ScoreGroup = channel.unary_stream(
+                '/ors.v1.EnvironmentService/ScoreGroup',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.ScoreGroupRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.ScoreGroupResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
     """Hosts ORS environments and owns every episode session.
 
     Session-scoped RPCs (CreateEpisode, GetPrompt, ListTaskTools, CallTool,
-    Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
+    Ping, DeleteEpisode, DeleteSessionId, GetMessages, ScoreGroup) carry the session id in their
     request; clients also send it as the metadata entry `x-session-id`, so that
     a load balancer can route all of a session's calls to the backend that
     holds it. When the request field is empty the metadata entry is used.
@@ -310,6 +320,33 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMessages(self, request, context):
+        """Returns the episode's prompt as a role-tagged conversation. An
+        environment that does not override `get_messages` answers its prompt as
+        one user message. Waits for setup.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScoreGroup(self, request, context):
+        """Scores a group of candidate completions for the episode's task, or
+        attaches to an earlier scoring by task id. Waits for setup; fails with
+        SCORE_GROUP_UNSUPPORTED (before the stream's first event) when the
+        environment does not implement `score_group`.
+
+        Behaves like CallTool: the stream sends a `task_id` event first, then a
+        `result` (one score per candidate, in order) or a `failure` (the
+        environment raised, or returned a wrong number of scores). The scoring
+        runs independently of the stream: cancelling the RPC never cancels it,
+        and it can be attached to again with its task id while its result is
+        kept (at least 60 s after it finished). Scoring does not end the episode
+        and is not refused after it finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -403,6 +440,16 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.SerializeToString,
             ),
+            'GetMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessages,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.GetMessagesRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.GetMessagesResponse.SerializeToString,
+            ),
+            'ScoreGroup': grpc.unary_stream_rpc_method_handler(
+                    servicer.ScoreGroup,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.ScoreGroupRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.ScoreGroupResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'ors.v1.EnvironmentService', rpc_method_handlers)
@@ -415,7 +462,7 @@ class EnvironmentService:
     """Hosts ORS environments and owns every episode session.
 
     Session-scoped RPCs (CreateEpisode, GetPrompt, ListTaskTools, CallTool,
-    Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
+    Ping, DeleteEpisode, DeleteSessionId, GetMessages, ScoreGroup) carry the session id in their
     request; clients also send it as the metadata entry `x-session-id`, so that
     a load balancer can route all of a session's calls to the backend that
     holds it. When the request field is empty the metadata entry is used.
@@ -902,6 +949,60 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/RunEpisode',
             ors_dot_v1_dot_environment__service__pb2.RunEpisodeRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.RunEpisodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/GetMessages',
+            ors_dot_v1_dot_environment__service__pb2.GetMessagesRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.GetMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/ScoreGroup',
+            ors_dot_v1_dot_environment__service__pb2.ScoreGroupRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.ScoreGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

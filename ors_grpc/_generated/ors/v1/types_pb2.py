@@ -25,15 +25,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12ors/v1/types.proto\x12\x06ors.v1\"\x1f\n\tJsonValue\x12\x12\n\x04json\x18\x01 \x01(\tR\x04json\"J\n\tTextBlock\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12)\n\x06\x64\x65tail\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"h\n\nImageBlock\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\x12\x1b\n\tmime_type\x18\x02 \x01(\tR\x08mimeType\x12)\n\x06\x64\x65tail\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"e\n\x05\x42lock\x12\'\n\x04text\x18\x01 \x01(\x0b\x32\x11.ors.v1.TextBlockH\x00R\x04text\x12*\n\x05image\x18\x02 \x01(\x0b\x32\x12.ors.v1.ImageBlockH\x00R\x05imageB\x07\n\x05\x62lock\"v\n\x08ToolSpec\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\x34\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x0binputSchema\"\xa6\x01\n\nToolOutput\x12%\n\x06\x62locks\x18\x01 \x03(\x0b\x32\r.ors.v1.BlockR\x06\x62locks\x12-\n\x08metadata\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x08metadata\x12\x1b\n\x06reward\x18\x03 \x01(\x01H\x00R\x06reward\x88\x01\x01\x12\x1a\n\x08\x66inished\x18\x04 \x01(\x08R\x08\x66inishedB\t\n\x07_reward\"`\n\x08ToolCall\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\'\n\x05input\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x05input\x12\x17\n\x07task_id\x18\x03 \x01(\tR\x06taskId\"`\n\rRunToolResult\x12,\n\x06output\x18\x01 \x01(\x0b\x32\x12.ors.v1.ToolOutputH\x00R\x06output\x12\x16\n\x05\x65rror\x18\x02 \x01(\tH\x00R\x05\x65rrorB\t\n\x07outcome\"B\n\x05Split\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x11.ors.v1.SplitTypeR\x04type\"-\n\x04Task\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x04spec*m\n\tSplitType\x12\x1a\n\x16SPLIT_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10SPLIT_TYPE_TRAIN\x10\x01\x12\x19\n\x15SPLIT_TYPE_VALIDATION\x10\x02\x12\x13\n\x0fSPLIT_TYPE_TEST\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12ors/v1/types.proto\x12\x06ors.v1\"\x1f\n\tJsonValue\x12\x12\n\x04json\x18\x01 \x01(\tR\x04json\"J\n\tTextBlock\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12)\n\x06\x64\x65tail\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"h\n\nImageBlock\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\x12\x1b\n\tmime_type\x18\x02 \x01(\tR\x08mimeType\x12)\n\x06\x64\x65tail\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"e\n\x05\x42lock\x12\'\n\x04text\x18\x01 \x01(\x0b\x32\x11.ors.v1.TextBlockH\x00R\x04text\x12*\n\x05image\x18\x02 \x01(\x0b\x32\x12.ors.v1.ImageBlockH\x00R\x05imageB\x07\n\x05\x62lock\"v\n\x08ToolSpec\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\x34\n\x0cinput_schema\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x0binputSchema\"\xa6\x01\n\nToolOutput\x12%\n\x06\x62locks\x18\x01 \x03(\x0b\x32\r.ors.v1.BlockR\x06\x62locks\x12-\n\x08metadata\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x08metadata\x12\x1b\n\x06reward\x18\x03 \x01(\x01H\x00R\x06reward\x88\x01\x01\x12\x1a\n\x08\x66inished\x18\x04 \x01(\x08R\x08\x66inishedB\t\n\x07_reward\"`\n\x08ToolCall\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\'\n\x05input\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x05input\x12\x17\n\x07task_id\x18\x03 \x01(\tR\x06taskId\"\x94\x01\n\rRunToolResult\x12,\n\x06output\x18\x01 \x01(\x0b\x32\x12.ors.v1.ToolOutputH\x00R\x06output\x12\x16\n\x05\x65rror\x18\x02 \x01(\tH\x00R\x05\x65rror\x12\x32\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.ors.v1.RunToolErrorReasonR\x06reasonB\t\n\x07outcome\"g\n\x10TerminalToolSpec\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x15\n\x03\x61rg\x18\x02 \x01(\tH\x00R\x03\x61rg\x88\x01\x01\x12 \n\x0b\x64\x65scription\x18\x03 \x01(\tR\x0b\x64\x65scriptionB\x06\n\x04_arg\"\x80\x01\n\x0eReasoningBlock\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\x12!\n\tsignature\x18\x02 \x01(\tH\x00R\tsignature\x88\x01\x01\x12)\n\x06\x64\x65tail\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tailB\x0c\n\n_signature\"\x87\x01\n\rToolCallBlock\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12\'\n\x05input\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x05input\x12)\n\x06\x64\x65tail\x18\x04 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"\xa0\x01\n\x0fToolResultBlock\x12 \n\x0ctool_call_id\x18\x01 \x01(\tR\ntoolCallId\x12%\n\x06\x62locks\x18\x02 \x03(\x0b\x32\r.ors.v1.BlockR\x06\x62locks\x12\x19\n\x08is_error\x18\x03 \x01(\x08R\x07isError\x12)\n\x06\x64\x65tail\x18\x04 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"\x96\x02\n\x0cMessageBlock\x12\'\n\x04text\x18\x01 \x01(\x0b\x32\x11.ors.v1.TextBlockH\x00R\x04text\x12*\n\x05image\x18\x02 \x01(\x0b\x32\x12.ors.v1.ImageBlockH\x00R\x05image\x12\x36\n\treasoning\x18\x03 \x01(\x0b\x32\x16.ors.v1.ReasoningBlockH\x00R\treasoning\x12\x34\n\ttool_call\x18\x04 \x01(\x0b\x32\x15.ors.v1.ToolCallBlockH\x00R\x08toolCall\x12:\n\x0btool_result\x18\x05 \x01(\x0b\x32\x17.ors.v1.ToolResultBlockH\x00R\ntoolResultB\x07\n\x05\x62lock\"\x8b\x01\n\x07Message\x12\'\n\x04role\x18\x01 \x01(\x0e\x32\x13.ors.v1.MessageRoleR\x04role\x12,\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x14.ors.v1.MessageBlockR\x06\x62locks\x12)\n\x06\x64\x65tail\x18\x03 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x06\x64\x65tail\"l\n\x0eGroupCandidate\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x0f.ors.v1.MessageR\x08messages\x12-\n\x08metadata\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x08metadata\"S\n\nGroupScore\x12\x16\n\x06reward\x18\x01 \x01(\x01R\x06reward\x12-\n\x08metadata\x18\x02 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x08metadata\"B\n\x05Split\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12%\n\x04type\x18\x02 \x01(\x0e\x32\x11.ors.v1.SplitTypeR\x04type\"-\n\x04Task\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x11.ors.v1.JsonValueR\x04spec*\xe2\x01\n\x12RunToolErrorReason\x12%\n!RUN_TOOL_ERROR_REASON_UNSPECIFIED\x10\x00\x12#\n\x1fRUN_TOOL_ERROR_REASON_NOT_FOUND\x10\x01\x12(\n$RUN_TOOL_ERROR_REASON_NAME_COLLISION\x10\x02\x12*\n&RUN_TOOL_ERROR_REASON_INPUT_VALIDATION\x10\x03\x12*\n&RUN_TOOL_ERROR_REASON_EPISODE_FINISHED\x10\x04*w\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13MESSAGE_ROLE_SYSTEM\x10\x01\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x02\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x03*m\n\tSplitType\x12\x1a\n\x16SPLIT_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10SPLIT_TYPE_TRAIN\x10\x01\x12\x19\n\x15SPLIT_TYPE_VALIDATION\x10\x02\x12\x13\n\x0fSPLIT_TYPE_TEST\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ors.v1.types_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPLITTYPE']._serialized_start=948
-  _globals['_SPLITTYPE']._serialized_end=1057
+  _globals['_RUNTOOLERRORREASON']._serialized_start=2157
+  _globals['_RUNTOOLERRORREASON']._serialized_end=2383
+  _globals['_MESSAGEROLE']._serialized_start=2385
+  _globals['_MESSAGEROLE']._serialized_end=2504
+  _globals['_SPLITTYPE']._serialized_start=2506
+  _globals['_SPLITTYPE']._serialized_end=2615
   _globals['_JSONVALUE']._serialized_start=30
   _globals['_JSONVALUE']._serialized_end=61
   _globals['_TEXTBLOCK']._serialized_start=63
@@ -48,10 +52,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLOUTPUT']._serialized_end=635
   _globals['_TOOLCALL']._serialized_start=637
   _globals['_TOOLCALL']._serialized_end=733
-  _globals['_RUNTOOLRESULT']._serialized_start=735
-  _globals['_RUNTOOLRESULT']._serialized_end=831
-  _globals['_SPLIT']._serialized_start=833
-  _globals['_SPLIT']._serialized_end=899
-  _globals['_TASK']._serialized_start=901
-  _globals['_TASK']._serialized_end=946
+  _globals['_RUNTOOLRESULT']._serialized_start=736
+  _globals['_RUNTOOLRESULT']._serialized_end=884
+  _globals['_TERMINALTOOLSPEC']._serialized_start=886
+  _globals['_TERMINALTOOLSPEC']._serialized_end=989
+  _globals['_REASONINGBLOCK']._serialized_start=992
+  _globals['_REASONINGBLOCK']._serialized_end=1120
+  _globals['_TOOLCALLBLOCK']._serialized_start=1123
+  _globals['_TOOLCALLBLOCK']._serialized_end=1258
+  _globals['_TOOLRESULTBLOCK']._serialized_start=1261
+  _globals['_TOOLRESULTBLOCK']._serialized_end=1421
+  _globals['_MESSAGEBLOCK']._serialized_start=1424
+  _globals['_MESSAGEBLOCK']._serialized_end=1702
+  _globals['_MESSAGE']._serialized_start=1705
+  _globals['_MESSAGE']._serialized_end=1844
+  _globals['_GROUPCANDIDATE']._serialized_start=1846
+  _globals['_GROUPCANDIDATE']._serialized_end=1954
+  _globals['_GROUPSCORE']._serialized_start=1956
+  _globals['_GROUPSCORE']._serialized_end=2039
+  _globals['_SPLIT']._serialized_start=2041
+  _globals['_SPLIT']._serialized_end=2107
+  _globals['_TASK']._serialized_start=2109
+  _globals['_TASK']._serialized_end=2154
 # @@protoc_insertion_point(module_scope)

@@ -8,12 +8,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RunToolErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_TOOL_ERROR_REASON_UNSPECIFIED: _ClassVar[RunToolErrorReason]
+    RUN_TOOL_ERROR_REASON_NOT_FOUND: _ClassVar[RunToolErrorReason]
+    RUN_TOOL_ERROR_REASON_NAME_COLLISION: _ClassVar[RunToolErrorReason]
+    RUN_TOOL_ERROR_REASON_INPUT_VALIDATION: _ClassVar[RunToolErrorReason]
+    RUN_TOOL_ERROR_REASON_EPISODE_FINISHED: _ClassVar[RunToolErrorReason]
+
+class MessageRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MESSAGE_ROLE_UNSPECIFIED: _ClassVar[MessageRole]
+    MESSAGE_ROLE_SYSTEM: _ClassVar[MessageRole]
+    MESSAGE_ROLE_USER: _ClassVar[MessageRole]
+    MESSAGE_ROLE_ASSISTANT: _ClassVar[MessageRole]
+
 class SplitType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SPLIT_TYPE_UNSPECIFIED: _ClassVar[SplitType]
     SPLIT_TYPE_TRAIN: _ClassVar[SplitType]
     SPLIT_TYPE_VALIDATION: _ClassVar[SplitType]
     SPLIT_TYPE_TEST: _ClassVar[SplitType]
+RUN_TOOL_ERROR_REASON_UNSPECIFIED: RunToolErrorReason
+RUN_TOOL_ERROR_REASON_NOT_FOUND: RunToolErrorReason
+RUN_TOOL_ERROR_REASON_NAME_COLLISION: RunToolErrorReason
+RUN_TOOL_ERROR_REASON_INPUT_VALIDATION: RunToolErrorReason
+RUN_TOOL_ERROR_REASON_EPISODE_FINISHED: RunToolErrorReason
+MESSAGE_ROLE_UNSPECIFIED: MessageRole
+MESSAGE_ROLE_SYSTEM: MessageRole
+MESSAGE_ROLE_USER: MessageRole
+MESSAGE_ROLE_ASSISTANT: MessageRole
 SPLIT_TYPE_UNSPECIFIED: SplitType
 SPLIT_TYPE_TRAIN: SplitType
 SPLIT_TYPE_VALIDATION: SplitType
@@ -84,12 +108,98 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., input: _Optional[_Union[JsonValue, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class RunToolResult(_message.Message):
-    __slots__ = ("output", "error")
+    __slots__ = ("output", "error", "reason")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     output: ToolOutput
     error: str
-    def __init__(self, output: _Optional[_Union[ToolOutput, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    reason: RunToolErrorReason
+    def __init__(self, output: _Optional[_Union[ToolOutput, _Mapping]] = ..., error: _Optional[str] = ..., reason: _Optional[_Union[RunToolErrorReason, str]] = ...) -> None: ...
+
+class TerminalToolSpec(_message.Message):
+    __slots__ = ("name", "arg", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arg: str
+    description: str
+    def __init__(self, name: _Optional[str] = ..., arg: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ReasoningBlock(_message.Message):
+    __slots__ = ("text", "signature", "detail")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    signature: str
+    detail: JsonValue
+    def __init__(self, text: _Optional[str] = ..., signature: _Optional[str] = ..., detail: _Optional[_Union[JsonValue, _Mapping]] = ...) -> None: ...
+
+class ToolCallBlock(_message.Message):
+    __slots__ = ("id", "name", "input", "detail")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    input: JsonValue
+    detail: JsonValue
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., input: _Optional[_Union[JsonValue, _Mapping]] = ..., detail: _Optional[_Union[JsonValue, _Mapping]] = ...) -> None: ...
+
+class ToolResultBlock(_message.Message):
+    __slots__ = ("tool_call_id", "blocks", "is_error", "detail")
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    tool_call_id: str
+    blocks: _containers.RepeatedCompositeFieldContainer[Block]
+    is_error: bool
+    detail: JsonValue
+    def __init__(self, tool_call_id: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., is_error: _Optional[bool] = ..., detail: _Optional[_Union[JsonValue, _Mapping]] = ...) -> None: ...
+
+class MessageBlock(_message.Message):
+    __slots__ = ("text", "image", "reasoning", "tool_call", "tool_result")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULT_FIELD_NUMBER: _ClassVar[int]
+    text: TextBlock
+    image: ImageBlock
+    reasoning: ReasoningBlock
+    tool_call: ToolCallBlock
+    tool_result: ToolResultBlock
+    def __init__(self, text: _Optional[_Union[TextBlock, _Mapping]] = ..., image: _Optional[_Union[ImageBlock, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningBlock, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallBlock, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultBlock, _Mapping]] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("role", "blocks", "detail")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    role: MessageRole
+    blocks: _containers.RepeatedCompositeFieldContainer[MessageBlock]
+    detail: JsonValue
+    def __init__(self, role: _Optional[_Union[MessageRole, str]] = ..., blocks: _Optional[_Iterable[_Union[MessageBlock, _Mapping]]] = ..., detail: _Optional[_Union[JsonValue, _Mapping]] = ...) -> None: ...
+
+class GroupCandidate(_message.Message):
+    __slots__ = ("messages", "metadata")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    metadata: JsonValue
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., metadata: _Optional[_Union[JsonValue, _Mapping]] = ...) -> None: ...
+
+class GroupScore(_message.Message):
+    __slots__ = ("reward", "metadata")
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    reward: float
+    metadata: JsonValue
+    def __init__(self, reward: _Optional[float] = ..., metadata: _Optional[_Union[JsonValue, _Mapping]] = ...) -> None: ...
 
 class Split(_message.Message):
     __slots__ = ("name", "type")
