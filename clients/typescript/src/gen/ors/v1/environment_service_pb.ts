@@ -8,7 +8,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { ErrorReason } from "./errors_pb.js";
 import { file_ors_v1_errors } from "./errors_pb.js";
-import type { Block, JsonValue, RunToolResult, Split, Task, ToolCall, ToolSpec } from "./types_pb.js";
+import type { Block, GroupCandidate, GroupScore, JsonValue, Message as Message$1, RunToolResult, Split, Task, TerminalToolSpec, ToolCall, ToolSpec } from "./types_pb.js";
 import { file_ors_v1_types } from "./types_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file ors/v1/environment_service.proto.
  */
 export const file_ors_v1_environment_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBvcnMvdjEvZW52aXJvbm1lbnRfc2VydmljZS5wcm90bxIGb3JzLnYxIg8KDUhlYWx0aFJlcXVlc3QiNwoOSGVhbHRoUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJEhUKDW9wZW5fc2Vzc2lvbnMYAiABKAMiEAoOVmVyc2lvblJlcXVlc3QiIgoPVmVyc2lvblJlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkiGQoXTGlzdEVudmlyb25tZW50c1JlcXVlc3QiKQoYTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEg0KBW5hbWVzGAEgAygJIiQKEExpc3RUb29sc1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkiNAoRTGlzdFRvb2xzUmVzcG9uc2USHwoFdG9vbHMYASADKAsyEC5vcnMudjEuVG9vbFNwZWMiJQoRTGlzdFNwbGl0c1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkiMwoSTGlzdFNwbGl0c1Jlc3BvbnNlEh0KBnNwbGl0cxgBIAMoCzINLm9ycy52MS5TcGxpdCIzChBMaXN0VGFza3NSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEg0KBXNwbGl0GAIgASgJIkIKEUxpc3RUYXNrc1Jlc3BvbnNlEhsKBXRhc2tzGAEgAygLMgwub3JzLnYxLlRhc2sSEAoIZW52X25hbWUYAiABKAkiMgoPTnVtVGFza3NSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEg0KBXNwbGl0GAIgASgJIiUKEE51bVRhc2tzUmVzcG9uc2USEQoJbnVtX3Rhc2tzGAEgASgDIkAKDkdldFRhc2tSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEg0KBXNwbGl0GAIgASgJEg0KBWluZGV4GAMgASgDIi0KD0dldFRhc2tSZXNwb25zZRIaCgR0YXNrGAEgASgLMgwub3JzLnYxLlRhc2sicAoTR2V0VGFza1JhbmdlUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCRISCgVzdGFydBgDIAEoA0gAiAEBEhEKBHN0b3AYBCABKANIAYgBAUIICgZfc3RhcnRCBwoFX3N0b3AiMwoUR2V0VGFza1JhbmdlUmVzcG9uc2USGwoFdGFza3MYASADKAsyDC5vcnMudjEuVGFzayIYChZDcmVhdGVTZXNzaW9uSWRSZXF1ZXN0Ii0KF0NyZWF0ZVNlc3Npb25JZFJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAkiKQoJVGFza0luZGV4Eg0KBXNwbGl0GAEgASgJEg0KBWluZGV4GAIgASgDIogCChRDcmVhdGVFcGlzb2RlUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCGVudl9uYW1lGAIgASgJEiYKCXRhc2tfc3BlYxgDIAEoCzIRLm9ycy52MS5Kc29uVmFsdWVIABInCgp0YXNrX2luZGV4GAQgASgLMhEub3JzLnYxLlRhc2tJbmRleEgAEjoKB3NlY3JldHMYBSADKAsyKS5vcnMudjEuQ3JlYXRlRXBpc29kZVJlcXVlc3QuU2VjcmV0c0VudHJ5Gi4KDFNlY3JldHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg0KC3Rhc2tfc291cmNlIisKFUNyZWF0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiYKEEdldFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIyChFHZXRQcm9tcHRSZXNwb25zZRIdCgZibG9ja3MYASADKAsyDS5vcnMudjEuQmxvY2siKgoUTGlzdFRhc2tUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSI4ChVMaXN0VGFza1Rvb2xzUmVzcG9uc2USHwoFdG9vbHMYASADKAsyEC5vcnMudjEuVG9vbFNwZWMiRQoPQ2FsbFRvb2xSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSHgoEY2FsbBgCIAEoCzIQLm9ycy52MS5Ub29sQ2FsbCIeCgtUb29sRmFpbHVyZRIPCgdtZXNzYWdlGAEgASgJIn8KEENhbGxUb29sUmVzcG9uc2USEQoHdGFza19pZBgBIAEoCUgAEicKBnJlc3VsdBgCIAEoCzIVLm9ycy52MS5SdW5Ub29sUmVzdWx0SAASJgoHZmFpbHVyZRgDIAEoCzITLm9ycy52MS5Ub29sRmFpbHVyZUgAQgcKBWV2ZW50IiEKC1BpbmdSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiHgoMUGluZ1Jlc3BvbnNlEg4KBnN0YXR1cxgBIAEoCSIqChREZWxldGVFcGlzb2RlUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIisKFURlbGV0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiwKFkRlbGV0ZVNlc3Npb25JZFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSItChdEZWxldGVTZXNzaW9uSWRSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIo8CChFSdW5FcGlzb2RlUmVxdWVzdBIuCgZjcmVhdGUYASABKAsyHC5vcnMudjEuQ3JlYXRlRXBpc29kZVJlcXVlc3RIABIuCgpnZXRfcHJvbXB0GAIgASgLMhgub3JzLnYxLkdldFByb21wdFJlcXVlc3RIABI3Cg9saXN0X3Rhc2tfdG9vbHMYAyABKAsyHC5vcnMudjEuTGlzdFRhc2tUb29sc1JlcXVlc3RIABIpCgljYWxsX3Rvb2wYBCABKAsyFC5vcnMudjEuVG9vbENhbGxTdGVwSAASLgoGZGVsZXRlGAUgASgLMhwub3JzLnYxLkRlbGV0ZUVwaXNvZGVSZXF1ZXN0SABCBgoEc3RlcCJPCgxUb29sQ2FsbFN0ZXASDAoEbmFtZRgBIAEoCRIgCgVpbnB1dBgCIAEoCzIRLm9ycy52MS5Kc29uVmFsdWUSDwoHdGFza19pZBgDIAEoCSK8AgoSUnVuRXBpc29kZVJlc3BvbnNlEi8KBmNyZWF0ZRgBIAEoCzIdLm9ycy52MS5DcmVhdGVFcGlzb2RlUmVzcG9uc2VIABIvCgpnZXRfcHJvbXB0GAIgASgLMhkub3JzLnYxLkdldFByb21wdFJlc3BvbnNlSAASOAoPbGlzdF90YXNrX3Rvb2xzGAMgASgLMh0ub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXNwb25zZUgAEi0KCWNhbGxfdG9vbBgEIAEoCzIYLm9ycy52MS5DYWxsVG9vbFJlc3BvbnNlSAASLwoGZGVsZXRlGAYgASgLMh0ub3JzLnYxLkRlbGV0ZUVwaXNvZGVSZXNwb25zZUgAEiIKBWVycm9yGAUgASgLMhEub3JzLnYxLlN0ZXBFcnJvckgAQgYKBHN0ZXAiTwoJU3RlcEVycm9yEgwKBGNvZGUYASABKAUSIwoGcmVhc29uGAIgASgOMhMub3JzLnYxLkVycm9yUmVhc29uEg8KB21lc3NhZ2UYAyABKAkygAoKEkVudmlyb25tZW50U2VydmljZRI3CgZIZWFsdGgSFS5vcnMudjEuSGVhbHRoUmVxdWVzdBoWLm9ycy52MS5IZWFsdGhSZXNwb25zZRI6CgdWZXJzaW9uEhYub3JzLnYxLlZlcnNpb25SZXF1ZXN0Ghcub3JzLnYxLlZlcnNpb25SZXNwb25zZRJVChBMaXN0RW52aXJvbm1lbnRzEh8ub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXF1ZXN0GiAub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXNwb25zZRJACglMaXN0VG9vbHMSGC5vcnMudjEuTGlzdFRvb2xzUmVxdWVzdBoZLm9ycy52MS5MaXN0VG9vbHNSZXNwb25zZRJDCgpMaXN0U3BsaXRzEhkub3JzLnYxLkxpc3RTcGxpdHNSZXF1ZXN0Ghoub3JzLnYxLkxpc3RTcGxpdHNSZXNwb25zZRJACglMaXN0VGFza3MSGC5vcnMudjEuTGlzdFRhc2tzUmVxdWVzdBoZLm9ycy52MS5MaXN0VGFza3NSZXNwb25zZRI9CghOdW1UYXNrcxIXLm9ycy52MS5OdW1UYXNrc1JlcXVlc3QaGC5vcnMudjEuTnVtVGFza3NSZXNwb25zZRI6CgdHZXRUYXNrEhYub3JzLnYxLkdldFRhc2tSZXF1ZXN0Ghcub3JzLnYxLkdldFRhc2tSZXNwb25zZRJJCgxHZXRUYXNrUmFuZ2USGy5vcnMudjEuR2V0VGFza1JhbmdlUmVxdWVzdBocLm9ycy52MS5HZXRUYXNrUmFuZ2VSZXNwb25zZRJSCg9DcmVhdGVTZXNzaW9uSWQSHi5vcnMudjEuQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdBofLm9ycy52MS5DcmVhdGVTZXNzaW9uSWRSZXNwb25zZRJMCg1DcmVhdGVFcGlzb2RlEhwub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0Gh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZRJACglHZXRQcm9tcHQSGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdBoZLm9ycy52MS5HZXRQcm9tcHRSZXNwb25zZRJMCg1MaXN0VGFza1Rvb2xzEhwub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXF1ZXN0Gh0ub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXNwb25zZRI/CghDYWxsVG9vbBIXLm9ycy52MS5DYWxsVG9vbFJlcXVlc3QaGC5vcnMudjEuQ2FsbFRvb2xSZXNwb25zZTABEjEKBFBpbmcSEy5vcnMudjEuUGluZ1JlcXVlc3QaFC5vcnMudjEuUGluZ1Jlc3BvbnNlEkwKDURlbGV0ZUVwaXNvZGUSHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3QaHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlElIKD0RlbGV0ZVNlc3Npb25JZBIeLm9ycy52MS5EZWxldGVTZXNzaW9uSWRSZXF1ZXN0Gh8ub3JzLnYxLkRlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEkcKClJ1bkVwaXNvZGUSGS5vcnMudjEuUnVuRXBpc29kZVJlcXVlc3QaGi5vcnMudjEuUnVuRXBpc29kZVJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_ors_v1_errors, file_ors_v1_types]);
+  fileDesc("CiBvcnMvdjEvZW52aXJvbm1lbnRfc2VydmljZS5wcm90bxIGb3JzLnYxIg8KDUhlYWx0aFJlcXVlc3QiNwoOSGVhbHRoUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJEhUKDW9wZW5fc2Vzc2lvbnMYAiABKAMiEAoOVmVyc2lvblJlcXVlc3QiIgoPVmVyc2lvblJlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkiGQoXTGlzdEVudmlyb25tZW50c1JlcXVlc3QiKQoYTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEg0KBW5hbWVzGAEgAygJIiQKEExpc3RUb29sc1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkioAEKEUxpc3RUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIiUKEUxpc3RTcGxpdHNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJIjMKEkxpc3RTcGxpdHNSZXNwb25zZRIdCgZzcGxpdHMYASADKAsyDS5vcnMudjEuU3BsaXQiMwoQTGlzdFRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSJCChFMaXN0VGFza3NSZXNwb25zZRIbCgV0YXNrcxgBIAMoCzIMLm9ycy52MS5UYXNrEhAKCGVudl9uYW1lGAIgASgJIjIKD051bVRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSIlChBOdW1UYXNrc1Jlc3BvbnNlEhEKCW51bV90YXNrcxgBIAEoAyJACg5HZXRUYXNrUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCRINCgVpbmRleBgDIAEoAyItCg9HZXRUYXNrUmVzcG9uc2USGgoEdGFzaxgBIAEoCzIMLm9ycy52MS5UYXNrInAKE0dldFRhc2tSYW5nZVJlcXVlc3QSEAoIZW52X25hbWUYASABKAkSDQoFc3BsaXQYAiABKAkSEgoFc3RhcnQYAyABKANIAIgBARIRCgRzdG9wGAQgASgDSAGIAQFCCAoGX3N0YXJ0QgcKBV9zdG9wIjMKFEdldFRhc2tSYW5nZVJlc3BvbnNlEhsKBXRhc2tzGAEgAygLMgwub3JzLnYxLlRhc2siGAoWQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdCItChdDcmVhdGVTZXNzaW9uSWRSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIikKCVRhc2tJbmRleBINCgVzcGxpdBgBIAEoCRINCgVpbmRleBgCIAEoAyK0AgoUQ3JlYXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghlbnZfbmFtZRgCIAEoCRImCgl0YXNrX3NwZWMYAyABKAsyES5vcnMudjEuSnNvblZhbHVlSAASJwoKdGFza19pbmRleBgEIAEoCzIRLm9ycy52MS5UYXNrSW5kZXhIABI6CgdzZWNyZXRzGAUgAygLMikub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0LlNlY3JldHNFbnRyeRIZCgx0b29sc2V0X25hbWUYBiABKAlIAYgBARouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUINCgt0YXNrX3NvdXJjZUIPCg1fdG9vbHNldF9uYW1lIisKFUNyZWF0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiYKEEdldFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIyChFHZXRQcm9tcHRSZXNwb25zZRIdCgZibG9ja3MYASADKAsyDS5vcnMudjEuQmxvY2siKgoUTGlzdFRhc2tUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSKkAQoVTGlzdFRhc2tUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIkUKD0NhbGxUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEh4KBGNhbGwYAiABKAsyEC5vcnMudjEuVG9vbENhbGwiHgoLVG9vbEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSJ/ChBDYWxsVG9vbFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABInCgZyZXN1bHQYAiABKAsyFS5vcnMudjEuUnVuVG9vbFJlc3VsdEgAEiYKB2ZhaWx1cmUYAyABKAsyEy5vcnMudjEuVG9vbEZhaWx1cmVIAEIHCgVldmVudCIhCgtQaW5nUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIh4KDFBpbmdSZXNwb25zZRIOCgZzdGF0dXMYASABKAkiKgoURGVsZXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIrChVEZWxldGVFcGlzb2RlUmVzcG9uc2USEgoKc2Vzc2lvbl9pZBgBIAEoCSIsChZEZWxldGVTZXNzaW9uSWRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiLQoXRGVsZXRlU2Vzc2lvbklkUmVzcG9uc2USEgoKc2Vzc2lvbl9pZBgBIAEoCSLyAgoRUnVuRXBpc29kZVJlcXVlc3QSLgoGY3JlYXRlGAEgASgLMhwub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0SAASLgoKZ2V0X3Byb21wdBgCIAEoCzIYLm9ycy52MS5HZXRQcm9tcHRSZXF1ZXN0SAASNwoPbGlzdF90YXNrX3Rvb2xzGAMgASgLMhwub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXF1ZXN0SAASKQoJY2FsbF90b29sGAQgASgLMhQub3JzLnYxLlRvb2xDYWxsU3RlcEgAEi4KBmRlbGV0ZRgFIAEoCzIcLm9ycy52MS5EZWxldGVFcGlzb2RlUmVxdWVzdEgAEjIKDGdldF9tZXNzYWdlcxgKIAEoCzIaLm9ycy52MS5HZXRNZXNzYWdlc1JlcXVlc3RIABItCgtzY29yZV9ncm91cBgLIAEoCzIWLm9ycy52MS5TY29yZUdyb3VwU3RlcEgAQgYKBHN0ZXAiTwoMVG9vbENhbGxTdGVwEgwKBG5hbWUYASABKAkSIAoFaW5wdXQYAiABKAsyES5vcnMudjEuSnNvblZhbHVlEg8KB3Rhc2tfaWQYAyABKAkipAMKElJ1bkVwaXNvZGVSZXNwb25zZRIvCgZjcmVhdGUYASABKAsyHS5vcnMudjEuQ3JlYXRlRXBpc29kZVJlc3BvbnNlSAASLwoKZ2V0X3Byb21wdBgCIAEoCzIZLm9ycy52MS5HZXRQcm9tcHRSZXNwb25zZUgAEjgKD2xpc3RfdGFza190b29scxgDIAEoCzIdLm9ycy52MS5MaXN0VGFza1Rvb2xzUmVzcG9uc2VIABItCgljYWxsX3Rvb2wYBCABKAsyGC5vcnMudjEuQ2FsbFRvb2xSZXNwb25zZUgAEi8KBmRlbGV0ZRgGIAEoCzIdLm9ycy52MS5EZWxldGVFcGlzb2RlUmVzcG9uc2VIABIiCgVlcnJvchgFIAEoCzIRLm9ycy52MS5TdGVwRXJyb3JIABIzCgxnZXRfbWVzc2FnZXMYCiABKAsyGy5vcnMudjEuR2V0TWVzc2FnZXNSZXNwb25zZUgAEjEKC3Njb3JlX2dyb3VwGAsgASgLMhoub3JzLnYxLlNjb3JlR3JvdXBSZXNwb25zZUgAQgYKBHN0ZXAiTwoJU3RlcEVycm9yEgwKBGNvZGUYASABKAUSIwoGcmVhc29uGAIgASgOMhMub3JzLnYxLkVycm9yUmVhc29uEg8KB21lc3NhZ2UYAyABKAkiKAoSR2V0TWVzc2FnZXNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiOAoTR2V0TWVzc2FnZXNSZXNwb25zZRIhCghtZXNzYWdlcxgBIAMoCzIPLm9ycy52MS5NZXNzYWdlImQKEVNjb3JlR3JvdXBSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSKgoKY2FuZGlkYXRlcxgCIAMoCzIWLm9ycy52MS5Hcm91cENhbmRpZGF0ZRIPCgd0YXNrX2lkGAMgASgJIjYKEFNjb3JlR3JvdXBSZXN1bHQSIgoGc2NvcmVzGAEgAygLMhIub3JzLnYxLkdyb3VwU2NvcmUiJAoRU2NvcmVHcm91cEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSKKAQoSU2NvcmVHcm91cFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABIqCgZyZXN1bHQYAiABKAsyGC5vcnMudjEuU2NvcmVHcm91cFJlc3VsdEgAEiwKB2ZhaWx1cmUYAyABKAsyGS5vcnMudjEuU2NvcmVHcm91cEZhaWx1cmVIAEIHCgVldmVudCJNCg5TY29yZUdyb3VwU3RlcBIqCgpjYW5kaWRhdGVzGAEgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAiABKAkyjwsKEkVudmlyb25tZW50U2VydmljZRI3CgZIZWFsdGgSFS5vcnMudjEuSGVhbHRoUmVxdWVzdBoWLm9ycy52MS5IZWFsdGhSZXNwb25zZRI6CgdWZXJzaW9uEhYub3JzLnYxLlZlcnNpb25SZXF1ZXN0Ghcub3JzLnYxLlZlcnNpb25SZXNwb25zZRJVChBMaXN0RW52aXJvbm1lbnRzEh8ub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXF1ZXN0GiAub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXNwb25zZRJACglMaXN0VG9vbHMSGC5vcnMudjEuTGlzdFRvb2xzUmVxdWVzdBoZLm9ycy52MS5MaXN0VG9vbHNSZXNwb25zZRJDCgpMaXN0U3BsaXRzEhkub3JzLnYxLkxpc3RTcGxpdHNSZXF1ZXN0Ghoub3JzLnYxLkxpc3RTcGxpdHNSZXNwb25zZRJACglMaXN0VGFza3MSGC5vcnMudjEuTGlzdFRhc2tzUmVxdWVzdBoZLm9ycy52MS5MaXN0VGFza3NSZXNwb25zZRI9CghOdW1UYXNrcxIXLm9ycy52MS5OdW1UYXNrc1JlcXVlc3QaGC5vcnMudjEuTnVtVGFza3NSZXNwb25zZRI6CgdHZXRUYXNrEhYub3JzLnYxLkdldFRhc2tSZXF1ZXN0Ghcub3JzLnYxLkdldFRhc2tSZXNwb25zZRJJCgxHZXRUYXNrUmFuZ2USGy5vcnMudjEuR2V0VGFza1JhbmdlUmVxdWVzdBocLm9ycy52MS5HZXRUYXNrUmFuZ2VSZXNwb25zZRJSCg9DcmVhdGVTZXNzaW9uSWQSHi5vcnMudjEuQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdBofLm9ycy52MS5DcmVhdGVTZXNzaW9uSWRSZXNwb25zZRJMCg1DcmVhdGVFcGlzb2RlEhwub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0Gh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZRJACglHZXRQcm9tcHQSGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdBoZLm9ycy52MS5HZXRQcm9tcHRSZXNwb25zZRJMCg1MaXN0VGFza1Rvb2xzEhwub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXF1ZXN0Gh0ub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXNwb25zZRI/CghDYWxsVG9vbBIXLm9ycy52MS5DYWxsVG9vbFJlcXVlc3QaGC5vcnMudjEuQ2FsbFRvb2xSZXNwb25zZTABEjEKBFBpbmcSEy5vcnMudjEuUGluZ1JlcXVlc3QaFC5vcnMudjEuUGluZ1Jlc3BvbnNlEkwKDURlbGV0ZUVwaXNvZGUSHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3QaHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlElIKD0RlbGV0ZVNlc3Npb25JZBIeLm9ycy52MS5EZWxldGVTZXNzaW9uSWRSZXF1ZXN0Gh8ub3JzLnYxLkRlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEkcKClJ1bkVwaXNvZGUSGS5vcnMudjEuUnVuRXBpc29kZVJlcXVlc3QaGi5vcnMudjEuUnVuRXBpc29kZVJlc3BvbnNlKAEwARJGCgtHZXRNZXNzYWdlcxIaLm9ycy52MS5HZXRNZXNzYWdlc1JlcXVlc3QaGy5vcnMudjEuR2V0TWVzc2FnZXNSZXNwb25zZRJFCgpTY29yZUdyb3VwEhkub3JzLnYxLlNjb3JlR3JvdXBSZXF1ZXN0Ghoub3JzLnYxLlNjb3JlR3JvdXBSZXNwb25zZTABYgZwcm90bzM", [file_ors_v1_errors, file_ors_v1_types]);
 
 /**
  * Request of Health.
@@ -162,11 +162,35 @@ export const ListToolsRequestSchema: GenMessage<ListToolsRequest> = /*@__PURE__*
  */
 export type ListToolsResponse = Message<"ors.v1.ListToolsResponse"> & {
   /**
-   * The environment's shared tools.
+   * The environment's shared tools (the terminal tool left out).
    *
    * @generated from field: repeated ors.v1.ToolSpec tools = 1;
    */
   tools: ToolSpec[];
+
+  /**
+   * The environment's terminal tool; unset when it has none (JSON
+   * `terminal_tool: null`).
+   *
+   * @generated from field: ors.v1.TerminalToolSpec terminal_tool = 2;
+   */
+  terminalTool?: TerminalToolSpec | undefined;
+
+  /**
+   * True when the environment implements ScoreGroup.
+   *
+   * @generated from field: bool supports_score_group = 3;
+   */
+  supportsScoreGroup: boolean;
+
+  /**
+   * The block types the server accepts in messages (GetMessages answers and
+   * ScoreGroup candidates), for example `text`, `image`, `reasoning`,
+   * `tool_call`, `tool_result`.
+   *
+   * @generated from field: repeated string message_block_types = 4;
+   */
+  messageBlockTypes: string[];
 };
 
 /**
@@ -557,6 +581,16 @@ export type CreateEpisodeRequest = Message<"ors.v1.CreateEpisodeRequest"> & {
    * @generated from field: map<string, string> secrets = 5;
    */
   secrets: { [key: string]: string };
+
+  /**
+   * The name of a toolset registered with the server to attach to the
+   * episode: its tools join the episode's (replacing same-named ones) and its
+   * terminal tool, if any, wins. Unset means none; an unknown name fails with
+   * UNKNOWN_TOOLSET.
+   *
+   * @generated from field: optional string toolset_name = 6;
+   */
+  toolsetName?: string | undefined;
 };
 
 /**
@@ -657,11 +691,34 @@ export const ListTaskToolsRequestSchema: GenMessage<ListTaskToolsRequest> = /*@_
  */
 export type ListTaskToolsResponse = Message<"ors.v1.ListTaskToolsResponse"> & {
   /**
-   * The shared tools, then the tools specific to the episode's task.
+   * The shared tools, then the tools specific to the episode's task, then
+   * those of the session's toolset (the terminal tool left out).
    *
    * @generated from field: repeated ors.v1.ToolSpec tools = 1;
    */
   tools: ToolSpec[];
+
+  /**
+   * The episode's terminal tool (the session toolset's, else the
+   * environment's); unset when it has none.
+   *
+   * @generated from field: ors.v1.TerminalToolSpec terminal_tool = 2;
+   */
+  terminalTool?: TerminalToolSpec | undefined;
+
+  /**
+   * True when the environment implements ScoreGroup.
+   *
+   * @generated from field: bool supports_score_group = 3;
+   */
+  supportsScoreGroup: boolean;
+
+  /**
+   * The block types the server accepts in messages (see ListToolsResponse).
+   *
+   * @generated from field: repeated string message_block_types = 4;
+   */
+  messageBlockTypes: string[];
 };
 
 /**
@@ -948,6 +1005,24 @@ export type RunEpisodeRequest = Message<"ors.v1.RunEpisodeRequest"> & {
      */
     value: DeleteEpisodeRequest;
     case: "delete";
+  } | {
+    /**
+     * Reads the prompt as messages, as GetMessages.
+     *
+     * @generated from field: ors.v1.GetMessagesRequest get_messages = 10;
+     */
+    value: GetMessagesRequest;
+    case: "getMessages";
+  } | {
+    /**
+     * Scores a group of candidates, as ScoreGroup; answered by the scoring's
+     * outcome (its result or failure) only, since the client chose its task
+     * id.
+     *
+     * @generated from field: ors.v1.ScoreGroupStep score_group = 11;
+     */
+    value: ScoreGroupStep;
+    case: "scoreGroup";
   } | { case: undefined; value?: undefined };
 };
 
@@ -1056,6 +1131,23 @@ export type RunEpisodeResponse = Message<"ors.v1.RunEpisodeResponse"> & {
      */
     value: StepError;
     case: "error";
+  } | {
+    /**
+     * The episode's prompt as messages.
+     *
+     * @generated from field: ors.v1.GetMessagesResponse get_messages = 10;
+     */
+    value: GetMessagesResponse;
+    case: "getMessages";
+  } | {
+    /**
+     * The scoring's outcome: a `result` or a `failure` event, as ScoreGroup's
+     * last.
+     *
+     * @generated from field: ors.v1.ScoreGroupResponse score_group = 11;
+     */
+    value: ScoreGroupResponse;
+    case: "scoreGroup";
   } | { case: undefined; value?: undefined };
 };
 
@@ -1103,10 +1195,208 @@ export const StepErrorSchema: GenMessage<StepError> = /*@__PURE__*/
   messageDesc(file_ors_v1_environment_service, 39);
 
 /**
+ * Request of GetMessages.
+ *
+ * @generated from message ors.v1.GetMessagesRequest
+ */
+export type GetMessagesRequest = Message<"ors.v1.GetMessagesRequest"> & {
+  /**
+   * The episode's session id.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+};
+
+/**
+ * Describes the message ors.v1.GetMessagesRequest.
+ * Use `create(GetMessagesRequestSchema)` to create a new message.
+ */
+export const GetMessagesRequestSchema: GenMessage<GetMessagesRequest> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 40);
+
+/**
+ * Response of GetMessages.
+ *
+ * @generated from message ors.v1.GetMessagesResponse
+ */
+export type GetMessagesResponse = Message<"ors.v1.GetMessagesResponse"> & {
+  /**
+   * The prompt as a conversation, in order.
+   *
+   * @generated from field: repeated ors.v1.Message messages = 1;
+   */
+  messages: Message$1[];
+};
+
+/**
+ * Describes the message ors.v1.GetMessagesResponse.
+ * Use `create(GetMessagesResponseSchema)` to create a new message.
+ */
+export const GetMessagesResponseSchema: GenMessage<GetMessagesResponse> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 41);
+
+/**
+ * Request of ScoreGroup.
+ *
+ * @generated from message ors.v1.ScoreGroupRequest
+ */
+export type ScoreGroupRequest = Message<"ors.v1.ScoreGroupRequest"> & {
+  /**
+   * The episode's session id.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * The candidates to score; ignored when `task_id` is set.
+   *
+   * @generated from field: repeated ors.v1.GroupCandidate candidates = 2;
+   */
+  candidates: GroupCandidate[];
+
+  /**
+   * Set to the task id of an earlier scoring of this session to attach to
+   * it (its result) instead of scoring again; empty for a new scoring.
+   *
+   * @generated from field: string task_id = 3;
+   */
+  taskId: string;
+};
+
+/**
+ * Describes the message ors.v1.ScoreGroupRequest.
+ * Use `create(ScoreGroupRequestSchema)` to create a new message.
+ */
+export const ScoreGroupRequestSchema: GenMessage<ScoreGroupRequest> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 42);
+
+/**
+ * The scores of a group, one per candidate, in the candidates' order. JSON
+ * ScoreGroupOutput: `{"scores": [GroupScore]}`.
+ *
+ * @generated from message ors.v1.ScoreGroupResult
+ */
+export type ScoreGroupResult = Message<"ors.v1.ScoreGroupResult"> & {
+  /**
+   * The scores.
+   *
+   * @generated from field: repeated ors.v1.GroupScore scores = 1;
+   */
+  scores: GroupScore[];
+};
+
+/**
+ * Describes the message ors.v1.ScoreGroupResult.
+ * Use `create(ScoreGroupResultSchema)` to create a new message.
+ */
+export const ScoreGroupResultSchema: GenMessage<ScoreGroupResult> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 43);
+
+/**
+ * The environment's `score_group` raised, or returned a number of scores
+ * other than the number of candidates. The session lives on.
+ *
+ * @generated from message ors.v1.ScoreGroupFailure
+ */
+export type ScoreGroupFailure = Message<"ors.v1.ScoreGroupFailure"> & {
+  /**
+   * The error's message.
+   *
+   * @generated from field: string message = 1;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message ors.v1.ScoreGroupFailure.
+ * Use `create(ScoreGroupFailureSchema)` to create a new message.
+ */
+export const ScoreGroupFailureSchema: GenMessage<ScoreGroupFailure> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 44);
+
+/**
+ * One event of a ScoreGroup stream.
+ *
+ * @generated from message ors.v1.ScoreGroupResponse
+ */
+export type ScoreGroupResponse = Message<"ors.v1.ScoreGroupResponse"> & {
+  /**
+   * The event.
+   *
+   * @generated from oneof ors.v1.ScoreGroupResponse.event
+   */
+  event: {
+    /**
+     * First event: the scoring's task id, to attach to it again.
+     *
+     * @generated from field: string task_id = 1;
+     */
+    value: string;
+    case: "taskId";
+  } | {
+    /**
+     * Last event on success: the scores.
+     *
+     * @generated from field: ors.v1.ScoreGroupResult result = 2;
+     */
+    value: ScoreGroupResult;
+    case: "result";
+  } | {
+    /**
+     * Last event when the scoring failed.
+     *
+     * @generated from field: ors.v1.ScoreGroupFailure failure = 3;
+     */
+    value: ScoreGroupFailure;
+    case: "failure";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message ors.v1.ScoreGroupResponse.
+ * Use `create(ScoreGroupResponseSchema)` to create a new message.
+ */
+export const ScoreGroupResponseSchema: GenMessage<ScoreGroupResponse> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 45);
+
+/**
+ * A group scoring made as a RunEpisode step.
+ *
+ * @generated from message ors.v1.ScoreGroupStep
+ */
+export type ScoreGroupStep = Message<"ors.v1.ScoreGroupStep"> & {
+  /**
+   * The candidates to score.
+   *
+   * @generated from field: repeated ors.v1.GroupCandidate candidates = 1;
+   */
+  candidates: GroupCandidate[];
+
+  /**
+   * The scoring's task id, chosen by the client, under the rules of
+   * ToolCallStep's `task_id` (the two share the episode's task ids). If the
+   * stream breaks before the outcome arrives, attach with ScoreGroup and
+   * this id.
+   *
+   * @generated from field: string task_id = 2;
+   */
+  taskId: string;
+};
+
+/**
+ * Describes the message ors.v1.ScoreGroupStep.
+ * Use `create(ScoreGroupStepSchema)` to create a new message.
+ */
+export const ScoreGroupStepSchema: GenMessage<ScoreGroupStep> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 46);
+
+/**
  * Hosts ORS environments and owns every episode session.
  *
  * Session-scoped RPCs (CreateEpisode, GetPrompt, ListTaskTools, CallTool,
- * Ping, DeleteEpisode, DeleteSessionId) carry the session id in their
+ * Ping, DeleteEpisode, DeleteSessionId, GetMessages, ScoreGroup) carry the session id in their
  * request; clients also send it as the metadata entry `x-session-id`, so that
  * a load balancer can route all of a session's calls to the backend that
  * holds it. When the request field is empty the metadata entry is used.
@@ -1328,6 +1618,39 @@ export const EnvironmentService: GenService<{
     methodKind: "bidi_streaming";
     input: typeof RunEpisodeRequestSchema;
     output: typeof RunEpisodeResponseSchema;
+  },
+  /**
+   * Returns the episode's prompt as a role-tagged conversation. An
+   * environment that does not override `get_messages` answers its prompt as
+   * one user message. Waits for setup.
+   *
+   * @generated from rpc ors.v1.EnvironmentService.GetMessages
+   */
+  getMessages: {
+    methodKind: "unary";
+    input: typeof GetMessagesRequestSchema;
+    output: typeof GetMessagesResponseSchema;
+  },
+  /**
+   * Scores a group of candidate completions for the episode's task, or
+   * attaches to an earlier scoring by task id. Waits for setup; fails with
+   * SCORE_GROUP_UNSUPPORTED (before the stream's first event) when the
+   * environment does not implement `score_group`.
+   *
+   * Behaves like CallTool: the stream sends a `task_id` event first, then a
+   * `result` (one score per candidate, in order) or a `failure` (the
+   * environment raised, or returned a wrong number of scores). The scoring
+   * runs independently of the stream: cancelling the RPC never cancels it,
+   * and it can be attached to again with its task id while its result is
+   * kept (at least 60 s after it finished). Scoring does not end the episode
+   * and is not refused after it finished.
+   *
+   * @generated from rpc ors.v1.EnvironmentService.ScoreGroup
+   */
+  scoreGroup: {
+    methodKind: "server_streaming";
+    input: typeof ScoreGroupRequestSchema;
+    output: typeof ScoreGroupResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_ors_v1_environment_service, 0);

@@ -10,13 +10,13 @@
 
 import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Message } from "@bufbuild/protobuf";
+import type { Message as Message$1 } from "@bufbuild/protobuf";
 
 /**
  * Describes the file ors/v1/types.proto.
  */
 export const file_ors_v1_types: GenFile = /*@__PURE__*/
-  fileDesc("ChJvcnMvdjEvdHlwZXMucHJvdG8SBm9ycy52MSIZCglKc29uVmFsdWUSDAoEanNvbhgBIAEoCSI8CglUZXh0QmxvY2sSDAoEdGV4dBgBIAEoCRIhCgZkZXRhaWwYAiABKAsyES5vcnMudjEuSnNvblZhbHVlIlAKCkltYWdlQmxvY2sSDAoEZGF0YRgBIAEoDBIRCgltaW1lX3R5cGUYAiABKAkSIQoGZGV0YWlsGAMgASgLMhEub3JzLnYxLkpzb25WYWx1ZSJYCgVCbG9jaxIhCgR0ZXh0GAEgASgLMhEub3JzLnYxLlRleHRCbG9ja0gAEiMKBWltYWdlGAIgASgLMhIub3JzLnYxLkltYWdlQmxvY2tIAEIHCgVibG9jayJWCghUb29sU3BlYxIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEicKDGlucHV0X3NjaGVtYRgDIAEoCzIRLm9ycy52MS5Kc29uVmFsdWUiggEKClRvb2xPdXRwdXQSHQoGYmxvY2tzGAEgAygLMg0ub3JzLnYxLkJsb2NrEiMKCG1ldGFkYXRhGAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZRITCgZyZXdhcmQYAyABKAFIAIgBARIQCghmaW5pc2hlZBgEIAEoCEIJCgdfcmV3YXJkIksKCFRvb2xDYWxsEgwKBG5hbWUYASABKAkSIAoFaW5wdXQYAiABKAsyES5vcnMudjEuSnNvblZhbHVlEg8KB3Rhc2tfaWQYAyABKAkiUQoNUnVuVG9vbFJlc3VsdBIkCgZvdXRwdXQYASABKAsyEi5vcnMudjEuVG9vbE91dHB1dEgAEg8KBWVycm9yGAIgASgJSABCCQoHb3V0Y29tZSI2CgVTcGxpdBIMCgRuYW1lGAEgASgJEh8KBHR5cGUYAiABKA4yES5vcnMudjEuU3BsaXRUeXBlIicKBFRhc2sSHwoEc3BlYxgBIAEoCzIRLm9ycy52MS5Kc29uVmFsdWUqbQoJU3BsaXRUeXBlEhoKFlNQTElUX1RZUEVfVU5TUEVDSUZJRUQQABIUChBTUExJVF9UWVBFX1RSQUlOEAESGQoVU1BMSVRfVFlQRV9WQUxJREFUSU9OEAISEwoPU1BMSVRfVFlQRV9URVNUEANiBnByb3RvMw");
+  fileDesc("ChJvcnMvdjEvdHlwZXMucHJvdG8SBm9ycy52MSIZCglKc29uVmFsdWUSDAoEanNvbhgBIAEoCSI8CglUZXh0QmxvY2sSDAoEdGV4dBgBIAEoCRIhCgZkZXRhaWwYAiABKAsyES5vcnMudjEuSnNvblZhbHVlIlAKCkltYWdlQmxvY2sSDAoEZGF0YRgBIAEoDBIRCgltaW1lX3R5cGUYAiABKAkSIQoGZGV0YWlsGAMgASgLMhEub3JzLnYxLkpzb25WYWx1ZSJYCgVCbG9jaxIhCgR0ZXh0GAEgASgLMhEub3JzLnYxLlRleHRCbG9ja0gAEiMKBWltYWdlGAIgASgLMhIub3JzLnYxLkltYWdlQmxvY2tIAEIHCgVibG9jayJWCghUb29sU3BlYxIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEicKDGlucHV0X3NjaGVtYRgDIAEoCzIRLm9ycy52MS5Kc29uVmFsdWUiggEKClRvb2xPdXRwdXQSHQoGYmxvY2tzGAEgAygLMg0ub3JzLnYxLkJsb2NrEiMKCG1ldGFkYXRhGAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZRITCgZyZXdhcmQYAyABKAFIAIgBARIQCghmaW5pc2hlZBgEIAEoCEIJCgdfcmV3YXJkIksKCFRvb2xDYWxsEgwKBG5hbWUYASABKAkSIAoFaW5wdXQYAiABKAsyES5vcnMudjEuSnNvblZhbHVlEg8KB3Rhc2tfaWQYAyABKAkifQoNUnVuVG9vbFJlc3VsdBIkCgZvdXRwdXQYASABKAsyEi5vcnMudjEuVG9vbE91dHB1dEgAEg8KBWVycm9yGAIgASgJSAASKgoGcmVhc29uGAMgASgOMhoub3JzLnYxLlJ1blRvb2xFcnJvclJlYXNvbkIJCgdvdXRjb21lIk8KEFRlcm1pbmFsVG9vbFNwZWMSDAoEbmFtZRgBIAEoCRIQCgNhcmcYAiABKAlIAIgBARITCgtkZXNjcmlwdGlvbhgDIAEoCUIGCgRfYXJnImcKDlJlYXNvbmluZ0Jsb2NrEgwKBHRleHQYASABKAkSFgoJc2lnbmF0dXJlGAIgASgJSACIAQESIQoGZGV0YWlsGAMgASgLMhEub3JzLnYxLkpzb25WYWx1ZUIMCgpfc2lnbmF0dXJlIm4KDVRvb2xDYWxsQmxvY2sSCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIgCgVpbnB1dBgDIAEoCzIRLm9ycy52MS5Kc29uVmFsdWUSIQoGZGV0YWlsGAQgASgLMhEub3JzLnYxLkpzb25WYWx1ZSJ7Cg9Ub29sUmVzdWx0QmxvY2sSFAoMdG9vbF9jYWxsX2lkGAEgASgJEh0KBmJsb2NrcxgCIAMoCzINLm9ycy52MS5CbG9jaxIQCghpc19lcnJvchgDIAEoCBIhCgZkZXRhaWwYBCABKAsyES5vcnMudjEuSnNvblZhbHVlIugBCgxNZXNzYWdlQmxvY2sSIQoEdGV4dBgBIAEoCzIRLm9ycy52MS5UZXh0QmxvY2tIABIjCgVpbWFnZRgCIAEoCzISLm9ycy52MS5JbWFnZUJsb2NrSAASKwoJcmVhc29uaW5nGAMgASgLMhYub3JzLnYxLlJlYXNvbmluZ0Jsb2NrSAASKgoJdG9vbF9jYWxsGAQgASgLMhUub3JzLnYxLlRvb2xDYWxsQmxvY2tIABIuCgt0b29sX3Jlc3VsdBgFIAEoCzIXLm9ycy52MS5Ub29sUmVzdWx0QmxvY2tIAEIHCgVibG9jayJ1CgdNZXNzYWdlEiEKBHJvbGUYASABKA4yEy5vcnMudjEuTWVzc2FnZVJvbGUSJAoGYmxvY2tzGAIgAygLMhQub3JzLnYxLk1lc3NhZ2VCbG9jaxIhCgZkZXRhaWwYAyABKAsyES5vcnMudjEuSnNvblZhbHVlIlgKDkdyb3VwQ2FuZGlkYXRlEiEKCG1lc3NhZ2VzGAEgAygLMg8ub3JzLnYxLk1lc3NhZ2USIwoIbWV0YWRhdGEYAiABKAsyES5vcnMudjEuSnNvblZhbHVlIkEKCkdyb3VwU2NvcmUSDgoGcmV3YXJkGAEgASgBEiMKCG1ldGFkYXRhGAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZSI2CgVTcGxpdBIMCgRuYW1lGAEgASgJEh8KBHR5cGUYAiABKA4yES5vcnMudjEuU3BsaXRUeXBlIicKBFRhc2sSHwoEc3BlYxgBIAEoCzIRLm9ycy52MS5Kc29uVmFsdWUq4gEKElJ1blRvb2xFcnJvclJlYXNvbhIlCiFSVU5fVE9PTF9FUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIjCh9SVU5fVE9PTF9FUlJPUl9SRUFTT05fTk9UX0ZPVU5EEAESKAokUlVOX1RPT0xfRVJST1JfUkVBU09OX05BTUVfQ09MTElTSU9OEAISKgomUlVOX1RPT0xfRVJST1JfUkVBU09OX0lOUFVUX1ZBTElEQVRJT04QAxIqCiZSVU5fVE9PTF9FUlJPUl9SRUFTT05fRVBJU09ERV9GSU5JU0hFRBAEKncKC01lc3NhZ2VSb2xlEhwKGE1FU1NBR0VfUk9MRV9VTlNQRUNJRklFRBAAEhcKE01FU1NBR0VfUk9MRV9TWVNURU0QARIVChFNRVNTQUdFX1JPTEVfVVNFUhACEhoKFk1FU1NBR0VfUk9MRV9BU1NJU1RBTlQQAyptCglTcGxpdFR5cGUSGgoWU1BMSVRfVFlQRV9VTlNQRUNJRklFRBAAEhQKEFNQTElUX1RZUEVfVFJBSU4QARIZChVTUExJVF9UWVBFX1ZBTElEQVRJT04QAhITCg9TUExJVF9UWVBFX1RFU1QQA2IGcHJvdG8z");
 
 /**
  * A JSON value chosen by an environment author or a caller: a task spec, a
@@ -31,7 +31,7 @@ export const file_ors_v1_types: GenFile = /*@__PURE__*/
  *
  * @generated from message ors.v1.JsonValue
  */
-export type JsonValue = Message<"ors.v1.JsonValue"> & {
+export type JsonValue = Message$1<"ors.v1.JsonValue"> & {
   /**
    * The value as compact or pretty JSON text, for example `{"a": 1}`.
    *
@@ -52,7 +52,7 @@ export const JsonValueSchema: GenMessage<JsonValue> = /*@__PURE__*/
  *
  * @generated from message ors.v1.TextBlock
  */
-export type TextBlock = Message<"ors.v1.TextBlock"> & {
+export type TextBlock = Message$1<"ors.v1.TextBlock"> & {
   /**
    * The text content.
    *
@@ -81,7 +81,7 @@ export const TextBlockSchema: GenMessage<TextBlock> = /*@__PURE__*/
  *
  * @generated from message ors.v1.ImageBlock
  */
-export type ImageBlock = Message<"ors.v1.ImageBlock"> & {
+export type ImageBlock = Message$1<"ors.v1.ImageBlock"> & {
   /**
    * The raw image bytes. Base64 is an HTTP/JSON concern: gRPC carries bytes.
    *
@@ -116,7 +116,7 @@ export const ImageBlockSchema: GenMessage<ImageBlock> = /*@__PURE__*/
  *
  * @generated from message ors.v1.Block
  */
-export type Block = Message<"ors.v1.Block"> & {
+export type Block = Message$1<"ors.v1.Block"> & {
   /**
    * Exactly one kind of content.
    *
@@ -153,7 +153,7 @@ export const BlockSchema: GenMessage<Block> = /*@__PURE__*/
  *
  * @generated from message ors.v1.ToolSpec
  */
-export type ToolSpec = Message<"ors.v1.ToolSpec"> & {
+export type ToolSpec = Message$1<"ors.v1.ToolSpec"> & {
   /**
    * The tool's name, used to call it.
    *
@@ -190,7 +190,7 @@ export const ToolSpecSchema: GenMessage<ToolSpec> = /*@__PURE__*/
  *
  * @generated from message ors.v1.ToolOutput
  */
-export type ToolOutput = Message<"ors.v1.ToolOutput"> & {
+export type ToolOutput = Message$1<"ors.v1.ToolOutput"> & {
   /**
    * The content the agent sees.
    *
@@ -233,7 +233,7 @@ export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
  *
  * @generated from message ors.v1.ToolCall
  */
-export type ToolCall = Message<"ors.v1.ToolCall"> & {
+export type ToolCall = Message$1<"ors.v1.ToolCall"> & {
   /**
    * The tool's name.
    *
@@ -271,7 +271,7 @@ export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
  *
  * @generated from message ors.v1.RunToolResult
  */
-export type RunToolResult = Message<"ors.v1.RunToolResult"> & {
+export type RunToolResult = Message$1<"ors.v1.RunToolResult"> & {
   /**
    * Success or tool-level error.
    *
@@ -296,6 +296,14 @@ export type RunToolResult = Message<"ors.v1.RunToolResult"> & {
     value: string;
     case: "error";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * Why the call was refused, when `error` is set (JSON `reason`, added by
+   * openreward SDK 0.1.157); UNSPECIFIED on success and from older servers.
+   *
+   * @generated from field: ors.v1.RunToolErrorReason reason = 3;
+   */
+  reason: RunToolErrorReason;
 };
 
 /**
@@ -306,12 +314,332 @@ export const RunToolResultSchema: GenMessage<RunToolResult> = /*@__PURE__*/
   messageDesc(file_ors_v1_types, 7);
 
 /**
+ * The environment's terminal tool: hidden from the tool list, it receives
+ * the agent's final plain message. JSON TerminalToolSpec: `{"name", "arg",
+ * "description"}`.
+ *
+ * @generated from message ors.v1.TerminalToolSpec
+ */
+export type TerminalToolSpec = Message$1<"ors.v1.TerminalToolSpec"> & {
+  /**
+   * The tool's name, used to call it.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The single field of the tool's input model that receives the message;
+   * unset (JSON `null`) when the tool takes no input.
+   *
+   * @generated from field: optional string arg = 2;
+   */
+  arg?: string | undefined;
+
+  /**
+   * What the tool does (the tool function's docstring).
+   *
+   * @generated from field: string description = 3;
+   */
+  description: string;
+};
+
+/**
+ * Describes the message ors.v1.TerminalToolSpec.
+ * Use `create(TerminalToolSpecSchema)` to create a new message.
+ */
+export const TerminalToolSpecSchema: GenMessage<TerminalToolSpec> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 8);
+
+/**
+ * A reasoning (thinking) segment of an assistant turn. JSON: `{"text",
+ * "signature", "detail", "type": "reasoning"}`.
+ *
+ * @generated from message ors.v1.ReasoningBlock
+ */
+export type ReasoningBlock = Message$1<"ors.v1.ReasoningBlock"> & {
+  /**
+   * The reasoning text, in plain text.
+   *
+   * @generated from field: string text = 1;
+   */
+  text: string;
+
+  /**
+   * A provider's signature of the thinking, passed through for replay;
+   * unset (JSON `null`) when there is none.
+   *
+   * @generated from field: optional string signature = 2;
+   */
+  signature?: string | undefined;
+
+  /**
+   * Optional metadata about this block, a JSON object; unset means null.
+   *
+   * @generated from field: ors.v1.JsonValue detail = 3;
+   */
+  detail?: JsonValue | undefined;
+};
+
+/**
+ * Describes the message ors.v1.ReasoningBlock.
+ * Use `create(ReasoningBlockSchema)` to create a new message.
+ */
+export const ReasoningBlockSchema: GenMessage<ReasoningBlock> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 9);
+
+/**
+ * A tool invocation inside an assistant turn. JSON: `{"id", "name", "input",
+ * "detail", "type": "tool_call"}`.
+ *
+ * @generated from message ors.v1.ToolCallBlock
+ */
+export type ToolCallBlock = Message$1<"ors.v1.ToolCallBlock"> & {
+  /**
+   * The call's id, which a ToolResultBlock refers to.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The called tool's name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The call's input, a JSON object.
+   *
+   * @generated from field: ors.v1.JsonValue input = 3;
+   */
+  input?: JsonValue | undefined;
+
+  /**
+   * Optional metadata about this block, a JSON object; unset means null.
+   *
+   * @generated from field: ors.v1.JsonValue detail = 4;
+   */
+  detail?: JsonValue | undefined;
+};
+
+/**
+ * Describes the message ors.v1.ToolCallBlock.
+ * Use `create(ToolCallBlockSchema)` to create a new message.
+ */
+export const ToolCallBlockSchema: GenMessage<ToolCallBlock> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 10);
+
+/**
+ * A tool's result inside a user turn. JSON: `{"tool_call_id", "blocks",
+ * "is_error", "detail", "type": "tool_result"}`.
+ *
+ * @generated from message ors.v1.ToolResultBlock
+ */
+export type ToolResultBlock = Message$1<"ors.v1.ToolResultBlock"> & {
+  /**
+   * The id of the ToolCallBlock this answers.
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * The result's content: text and image blocks.
+   *
+   * @generated from field: repeated ors.v1.Block blocks = 2;
+   */
+  blocks: Block[];
+
+  /**
+   * True when the tool call failed.
+   *
+   * @generated from field: bool is_error = 3;
+   */
+  isError: boolean;
+
+  /**
+   * Optional metadata about this block, a JSON object; unset means null.
+   *
+   * @generated from field: ors.v1.JsonValue detail = 4;
+   */
+  detail?: JsonValue | undefined;
+};
+
+/**
+ * Describes the message ors.v1.ToolResultBlock.
+ * Use `create(ToolResultBlockSchema)` to create a new message.
+ */
+export const ToolResultBlockSchema: GenMessage<ToolResultBlock> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 11);
+
+/**
+ * One unit of content in a message: any block type a message may carry.
+ * The types a server accepts are listed in `message_block_types` of its tool
+ * listings.
+ *
+ * @generated from message ors.v1.MessageBlock
+ */
+export type MessageBlock = Message$1<"ors.v1.MessageBlock"> & {
+  /**
+   * Exactly one kind of content.
+   *
+   * @generated from oneof ors.v1.MessageBlock.block
+   */
+  block: {
+    /**
+     * Text content (JSON `"type": "text"`).
+     *
+     * @generated from field: ors.v1.TextBlock text = 1;
+     */
+    value: TextBlock;
+    case: "text";
+  } | {
+    /**
+     * Image content (JSON `"type": "image"`).
+     *
+     * @generated from field: ors.v1.ImageBlock image = 2;
+     */
+    value: ImageBlock;
+    case: "image";
+  } | {
+    /**
+     * Reasoning; assistant turns only (JSON `"type": "reasoning"`).
+     *
+     * @generated from field: ors.v1.ReasoningBlock reasoning = 3;
+     */
+    value: ReasoningBlock;
+    case: "reasoning";
+  } | {
+    /**
+     * A tool call; assistant turns only (JSON `"type": "tool_call"`).
+     *
+     * @generated from field: ors.v1.ToolCallBlock tool_call = 4;
+     */
+    value: ToolCallBlock;
+    case: "toolCall";
+  } | {
+    /**
+     * A tool result; user turns only (JSON `"type": "tool_result"`).
+     *
+     * @generated from field: ors.v1.ToolResultBlock tool_result = 5;
+     */
+    value: ToolResultBlock;
+    case: "toolResult";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message ors.v1.MessageBlock.
+ * Use `create(MessageBlockSchema)` to create a new message.
+ */
+export const MessageBlockSchema: GenMessage<MessageBlock> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 12);
+
+/**
+ * One turn of a conversation. JSON Message: `{"role", "blocks", "detail"}`.
+ * Placement: reasoning and tool_call blocks only in assistant turns,
+ * tool_result blocks only in user turns, system turns hold text and images.
+ *
+ * @generated from message ors.v1.Message
+ */
+export type Message = Message$1<"ors.v1.Message"> & {
+  /**
+   * Who speaks.
+   *
+   * @generated from field: ors.v1.MessageRole role = 1;
+   */
+  role: MessageRole;
+
+  /**
+   * The turn's content, in order.
+   *
+   * @generated from field: repeated ors.v1.MessageBlock blocks = 2;
+   */
+  blocks: MessageBlock[];
+
+  /**
+   * Optional metadata about this message, a JSON object; unset means null.
+   *
+   * @generated from field: ors.v1.JsonValue detail = 3;
+   */
+  detail?: JsonValue | undefined;
+};
+
+/**
+ * Describes the message ors.v1.Message.
+ * Use `create(MessageSchema)` to create a new message.
+ */
+export const MessageSchema: GenMessage<Message> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 13);
+
+/**
+ * One rollout's completion submitted for group scoring. JSON GroupCandidate:
+ * `{"messages", "metadata"}`.
+ *
+ * @generated from message ors.v1.GroupCandidate
+ */
+export type GroupCandidate = Message$1<"ors.v1.GroupCandidate"> & {
+  /**
+   * The candidate as a role-tagged transcript.
+   *
+   * @generated from field: repeated ors.v1.Message messages = 1;
+   */
+  messages: Message[];
+
+  /**
+   * The caller's correlation data, a JSON object, echoed untouched to the
+   * environment; unset means null.
+   *
+   * @generated from field: ors.v1.JsonValue metadata = 2;
+   */
+  metadata?: JsonValue | undefined;
+};
+
+/**
+ * Describes the message ors.v1.GroupCandidate.
+ * Use `create(GroupCandidateSchema)` to create a new message.
+ */
+export const GroupCandidateSchema: GenMessage<GroupCandidate> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 14);
+
+/**
+ * The score of one group candidate, index-aligned with the candidates.
+ * JSON GroupScore: `{"reward", "metadata"}`.
+ *
+ * @generated from message ors.v1.GroupScore
+ */
+export type GroupScore = Message$1<"ors.v1.GroupScore"> & {
+  /**
+   * The comparative reward.
+   *
+   * @generated from field: double reward = 1;
+   */
+  reward: number;
+
+  /**
+   * Optional judging detail, a JSON object; unset means null.
+   *
+   * @generated from field: ors.v1.JsonValue metadata = 2;
+   */
+  metadata?: JsonValue | undefined;
+};
+
+/**
+ * Describes the message ors.v1.GroupScore.
+ * Use `create(GroupScoreSchema)` to create a new message.
+ */
+export const GroupScoreSchema: GenMessage<GroupScore> = /*@__PURE__*/
+  messageDesc(file_ors_v1_types, 15);
+
+/**
  * A named set of tasks. JSON: `{"name": str, "type": "train"|"validation"|
  * "test"}`.
  *
  * @generated from message ors.v1.Split
  */
-export type Split = Message<"ors.v1.Split"> & {
+export type Split = Message$1<"ors.v1.Split"> & {
   /**
    * The split's name, used to list and select tasks.
    *
@@ -332,14 +660,14 @@ export type Split = Message<"ors.v1.Split"> & {
  * Use `create(SplitSchema)` to create a new message.
  */
 export const SplitSchema: GenMessage<Split> = /*@__PURE__*/
-  messageDesc(file_ors_v1_types, 8);
+  messageDesc(file_ors_v1_types, 16);
 
 /**
  * One task of an environment: an environment-defined JSON object.
  *
  * @generated from message ors.v1.Task
  */
-export type Task = Message<"ors.v1.Task"> & {
+export type Task = Message$1<"ors.v1.Task"> & {
   /**
    * The task spec, a JSON object; it is what an episode is created from.
    *
@@ -353,7 +681,101 @@ export type Task = Message<"ors.v1.Task"> & {
  * Use `create(TaskSchema)` to create a new message.
  */
 export const TaskSchema: GenMessage<Task> = /*@__PURE__*/
-  messageDesc(file_ors_v1_types, 9);
+  messageDesc(file_ors_v1_types, 17);
+
+/**
+ * Why a tool call was refused without running the tool. JSON RunToolError
+ * `reason`: `"not_found"`, `"name_collision"`, `"input_validation"`,
+ * `"episode_finished"` (null when unspecified).
+ *
+ * @generated from enum ors.v1.RunToolErrorReason
+ */
+export enum RunToolErrorReason {
+  /**
+   * No reason given (a success, or an older server); JSON `null`.
+   *
+   * @generated from enum value: RUN_TOOL_ERROR_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * No tool of the session has that name (JSON `"not_found"`).
+   *
+   * @generated from enum value: RUN_TOOL_ERROR_REASON_NOT_FOUND = 1;
+   */
+  NOT_FOUND = 1,
+
+  /**
+   * The name belongs to both the environment and one of its toolsets
+   * (JSON `"name_collision"`).
+   *
+   * @generated from enum value: RUN_TOOL_ERROR_REASON_NAME_COLLISION = 2;
+   */
+  NAME_COLLISION = 2,
+
+  /**
+   * The input does not fit the tool's input model (JSON
+   * `"input_validation"`).
+   *
+   * @generated from enum value: RUN_TOOL_ERROR_REASON_INPUT_VALIDATION = 3;
+   */
+  INPUT_VALIDATION = 3,
+
+  /**
+   * A tool of the session already returned `finished: true` (JSON
+   * `"episode_finished"`).
+   *
+   * @generated from enum value: RUN_TOOL_ERROR_REASON_EPISODE_FINISHED = 4;
+   */
+  EPISODE_FINISHED = 4,
+}
+
+/**
+ * Describes the enum ors.v1.RunToolErrorReason.
+ */
+export const RunToolErrorReasonSchema: GenEnum<RunToolErrorReason> = /*@__PURE__*/
+  enumDesc(file_ors_v1_types, 0);
+
+/**
+ * Who speaks a message. JSON Message `role`.
+ *
+ * @generated from enum ors.v1.MessageRole
+ */
+export enum MessageRole {
+  /**
+   * Not set; never sent by the server.
+   *
+   * @generated from enum value: MESSAGE_ROLE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Instructions to the agent (JSON `"system"`).
+   *
+   * @generated from enum value: MESSAGE_ROLE_SYSTEM = 1;
+   */
+  SYSTEM = 1,
+
+  /**
+   * The user's turn, tool results included (JSON `"user"`).
+   *
+   * @generated from enum value: MESSAGE_ROLE_USER = 2;
+   */
+  USER = 2,
+
+  /**
+   * The agent's turn: text, reasoning and tool calls (JSON `"assistant"`).
+   *
+   * @generated from enum value: MESSAGE_ROLE_ASSISTANT = 3;
+   */
+  ASSISTANT = 3,
+}
+
+/**
+ * Describes the enum ors.v1.MessageRole.
+ */
+export const MessageRoleSchema: GenEnum<MessageRole> = /*@__PURE__*/
+  enumDesc(file_ors_v1_types, 1);
 
 /**
  * What a split is used for.
@@ -394,5 +816,5 @@ export enum SplitType {
  * Describes the enum ors.v1.SplitType.
  */
 export const SplitTypeSchema: GenEnum<SplitType> = /*@__PURE__*/
-  enumDesc(file_ors_v1_types, 0);
+  enumDesc(file_ors_v1_types, 2);
 
