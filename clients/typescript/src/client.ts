@@ -6,7 +6,8 @@ import { Episode } from "./episode.js";
 import { EpisodeStream } from "./episode_stream.js";
 import { rpc } from "./errors.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
-import { taskSpec, toSplit, toToolSpec, type JsonObject, type Split, type TaskSource, type ToolSpec } from "./types.js";
+import { toToolListing, type ToolListing } from "./messages.js";
+import { taskSpec, toSplit, type JsonObject, type Split, type TaskSource, type ToolSpec } from "./types.js";
 
 /** A client of an ORS gRPC server (`ors.v1.EnvironmentService`). */
 export class ORSClient implements Disposable {
@@ -95,9 +96,14 @@ export class Environment {
     return (await rpc(this.service.getTaskRange(request))).tasks.map(taskSpec);
   }
 
-  /** The environment's shared tools (those of every task). */
+  /** The environment's shared tools (those of every task; the terminal tool apart). */
   async listTools(): Promise<ToolSpec[]> {
-    return (await rpc(this.service.listTools({ envName: this.name }))).tools.map(toToolSpec);
+    return (await this.toolListing()).tools;
+  }
+
+  /** The shared tools, the terminal tool, group-scoring support and the block types messages may hold. */
+  async toolListing(): Promise<ToolListing> {
+    return toToolListing(await rpc(this.service.listTools({ envName: this.name })));
   }
 
   /**
@@ -108,7 +114,7 @@ export class Environment {
   async createEpisode(task: TaskSource, options: EpisodeOptions = {}): Promise<Episode> {
     const sessionId = options.sessionId ?? randomUUID();
     const route = { connection: this.connection, sessionId, routeKey: sessionId };
-    const request = createEpisodeRequest(sessionId, this.name, task, options.secrets);
+    const request = createEpisodeRequest(sessionId, this.name, task, options);
     await rpc(this.service.createEpisode(request, this.connection.routed(sessionId)));
     return new Episode(route);
   }

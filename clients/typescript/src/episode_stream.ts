@@ -5,13 +5,15 @@ import { randomUUID } from "node:crypto";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code } from "@connectrpc/connect";
 import type { Connection } from "./connection.js";
-import { Episode, type ORSEpisode } from "./episode.js";
+import { Episode, ORSEpisode } from "./episode.js";
 import { ORSError } from "./errors.js";
 import type { RunEpisodeRequestSchema, RunEpisodeResponse } from "./gen/ors/v1/environment_service_pb.js";
 import { ErrorReason } from "./gen/ors/v1/errors_pb.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
-import { isBreak, outcomeOf, reattach, type CallToolOptions, type SessionRoute } from "./tool_calls.js";
-import { jsonValue, toBlock, toToolSpec, type Block, type JsonObject, type TaskSource, type ToolOutput, type ToolSpec } from "./types.js";
+import { candidateInit, toMessage, toToolListing, type GroupCandidate, type GroupScore, type Message, type ToolListing } from "./messages.js";
+import { isBreak, reattach, runTask, type SessionRoute, type TaskEvent, type TaskOptions, type TaskRun } from "./tasks.js";
+import { scoring, toolCall } from "./tool_calls.js";
+import { jsonValue, toBlock, type Block, type JsonObject, type TaskSource, type ToolOutput } from "./types.js";
 
 type Step = MessageInitShape<typeof RunEpisodeRequestSchema>["step"];
 type Answer = RunEpisodeResponse["step"];
@@ -46,7 +48,7 @@ export class EpisodeStream implements AsyncDisposable {
 
   /** Starts an episode of `envName` on this stream (a `create` step). */
   async createEpisode(envName: string, task: TaskSource, options: EpisodeOptions = {}): Promise<StreamEpisode> {
-    const request = createEpisodeRequest(options.sessionId ?? randomUUID(), envName, task, options.secrets);
+    const request = createEpisodeRequest(options.sessionId ?? randomUUID(), envName, task, options);
     const { sessionId } = await this.step({ case: "create", value: request }, "create");
     return new StreamEpisode(this, { connection: this.connection, sessionId, routeKey: this.routeKey });
   }
@@ -103,22 +105,19 @@ export class EpisodeStream implements AsyncDisposable {
 /**
  * An episode on a RunEpisode stream. Its steps go on the stream; once the
  * stream broke they go by their own RPCs (a step caught by the break is
- * repeated that way, and a tool call is attached to by its task id, so the
- * tool runs once).
+ * repeated that way, and a tool call or scoring is attached to by its task
+ * id, so it runs once).
  */
-export class StreamEpisode implements ORSEpisode {
+export class StreamEpisode extends ORSEpisode {
   private readonly byRpc: Episode;
 
   /** Use `EpisodeStream.createEpisode`. */
   constructor(
     private readonly stream: EpisodeStream,
-    private readonly route: SessionRoute,
+    route: SessionRoute,
   ) {
+    super(route);
     this.byRpc = new Episode(route);
-  }
-
-  get sessionId(): string {
-    return this.route.sessionId;
   }
 
   getPrompt(): Promise<Block[]> {
@@ -128,38 +127,28 @@ export class StreamEpisode implements ORSEpisode {
     );
   }
 
-  listTools(): Promise<ToolSpec[]> {
+  getMessages(): Promise<Message[]> {
     return this.onStream(
-      async () => (await this.stream.step({ case: "listTaskTools", value: {} }, "listTaskTools")).tools.map(toToolSpec),
-      () => this.byRpc.listTools(),
+      async () => (await this.stream.step({ case: "getMessages", value: {} }, "getMessages")).messages.map(toMessage),
+      () => this.byRpc.getMessages(),
     );
   }
 
   /** A call made here carries a task id this client chose, so even a break before any answer is attached to. */
-  async callTool(name: string, input: JsonObject = {}, options: CallToolOptions = {}): Promise<ToolOutput> {
-    if (this.stream.failure !== undefined) return this.byRpc.callTool(name, input, options);
-    const taskId = randomUUID();
-    const abort = () => this.stream.abort(options.signal?.reason);
-    if (options.signal?.aborted) abort();
-    options.signal?.addEventListener("abort", abort, { once: true });
-    options.onTaskId?.(taskId);
-    try {
-      const answer = await this.stream.step({ case: "callTool", value: { name, input: jsonValue(input), taskId } }, "callTool");
-      return outcomeOf(name, answer.event);
-    } catch (error) {
-      if (error !== this.stream.failure || !isBreak(error, options.signal)) throw error;
-      return this.reattach(name, taskId, error, options.signal);
-    } finally {
-      options.signal?.removeEventListener("abort", abort);
-    }
+  callTool(name: string, input: JsonObject = {}, options: TaskOptions = {}): Promise<ToolOutput> {
+    return this.stepTask(
+      (taskId) => this.stream.step({ case: "callTool", value: { name, input: jsonValue(input), taskId } }, "callTool"),
+      toolCall(this.route, name, input),
+      options,
+    );
   }
 
-  attach(taskId: string, options: { signal?: AbortSignal } = {}): Promise<ToolOutput> {
-    return this.byRpc.attach(taskId, options);
-  }
-
-  ping(): Promise<void> {
-    return this.byRpc.ping();
+  scoreGroup(candidates: (GroupCandidate | Message[])[], options: TaskOptions = {}): Promise<GroupScore[]> {
+    return this.stepTask(
+      (taskId) => this.stream.step({ case: "scoreGroup", value: { candidates: candidates.map(candidateInit), taskId } }, "scoreGroup"),
+      scoring(this.route, candidates),
+      options,
+    );
   }
 
   /** The `delete` step (after which the stream may carry another episode). */
@@ -170,8 +159,11 @@ export class StreamEpisode implements ORSEpisode {
     );
   }
 
-  async [Symbol.asyncDispose](): Promise<void> {
-    await this.close();
+  protected fetchToolListing(): Promise<ToolListing> {
+    return this.onStream(
+      async () => toToolListing(await this.stream.step({ case: "listTaskTools", value: {} }, "listTaskTools")),
+      () => this.byRpc.toolListing(),
+    );
   }
 
   private async onStream<T>(viaStream: () => Promise<T>, viaRpc: () => Promise<T>): Promise<T> {
@@ -185,12 +177,34 @@ export class StreamEpisode implements ORSEpisode {
     return viaRpc();
   }
 
-  private async reattach(name: string, taskId: string, broke: ORSError, signal?: AbortSignal): Promise<ToolOutput> {
+  /**
+   * Work with a task id as a step under an id chosen here. Aborting `signal`
+   * ends the stream (steps are answered in order, so one cannot be left
+   * behind); the work runs on, and later steps go by RPC.
+   */
+  private async stepTask<T, E extends TaskEvent>(ask: (taskId: string) => Promise<E>, run: TaskRun<T, E>, options: TaskOptions): Promise<T> {
+    if (this.stream.failure !== undefined) return runTask(this.route, run, options);
+    const taskId = randomUUID();
+    const abort = () => this.stream.abort(options.signal?.reason);
+    if (options.signal?.aborted) abort();
+    options.signal?.addEventListener("abort", abort, { once: true });
+    options.onTaskId?.(taskId);
     try {
-      return await reattach(this.route, name, taskId, broke, signal);
+      return run.outcome((await ask(taskId)).event);
+    } catch (error) {
+      if (error !== this.stream.failure || !isBreak(error, options.signal)) throw error;
+      return this.reattach(run, taskId, error, options.signal);
+    } finally {
+      options.signal?.removeEventListener("abort", abort);
+    }
+  }
+
+  private async reattach<T, E extends TaskEvent>(run: TaskRun<T, E>, taskId: string, broke: ORSError, signal?: AbortSignal): Promise<T> {
+    try {
+      return await reattach(this.route, run, taskId, broke, signal);
     } catch (error) {
       if (!(error instanceof ORSError) || error.reason !== ErrorReason.UNKNOWN_TASK_ID) throw error;
-      const detail = `the episode stream broke before the server got the call: tool ${JSON.stringify(name)} did not run`;
+      const detail = `the episode stream broke before the server got the step: task ${taskId} did not run`;
       throw new ORSError(Code.Unavailable, ErrorReason.UNKNOWN_TASK_ID, detail, { cause: error });
     }
   }

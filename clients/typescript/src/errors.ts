@@ -3,6 +3,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorReason, ErrorReasonSchema } from "./gen/ors/v1/errors_pb.js";
 import type { StepError } from "./gen/ors/v1/environment_service_pb.js";
+import type { ToolCallErrorReason } from "./messages.js";
 
 /** The trailing metadata entry in which the server names an RPC's ErrorReason. */
 export const ERROR_REASON_METADATA_KEY = "ors-error-reason";
@@ -58,15 +59,33 @@ export class ToolError extends Error {
 
 /**
  * The server refused the call without running the tool (a tool-level error:
- * unknown tool, input not matching its schema, episode finished).
+ * unknown tool, input not matching its schema, episode finished); `reason`
+ * says which, when the server said (openreward's names: `not_found`, ...).
  */
 export class ToolCallError extends ToolError {
   override name = "ToolCallError";
+
+  constructor(
+    toolName: string,
+    detail: string,
+    readonly reason: ToolCallErrorReason | null = null,
+  ) {
+    super(toolName, detail);
+  }
 }
 
 /** The tool ran and raised; `detail` is its exception's message. The episode lives on. */
 export class ToolFailedError extends ToolError {
   override name = "ToolFailedError";
+}
+
+/** The environment's `score_group` raised, or returned a wrong number of scores. The episode lives on. */
+export class ScoreGroupFailedError extends Error {
+  override name = "ScoreGroupFailedError";
+
+  constructor(readonly detail: string) {
+    super(`score_group: ${detail}`);
+  }
 }
 
 /** Runs a Connect call, turning what it throws into an ORSError. */

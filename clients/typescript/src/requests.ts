@@ -8,17 +8,19 @@ export interface EpisodeOptions {
   secrets?: Record<string, string>;
   /** The session id to use (any non-empty string); by default a new UUID. */
   sessionId?: string;
+  /** The name of a toolset registered with the server (`--toolset`) to attach: its tools join the episode's. */
+  toolset?: string;
 }
 
 export function createEpisodeRequest(
   sessionId: string,
   envName: string,
   task: TaskSource,
-  secrets: Record<string, string> = {},
+  options: Pick<EpisodeOptions, "secrets" | "toolset"> = {},
 ): MessageInitShape<typeof CreateEpisodeRequestSchema> {
   const taskSource =
     "spec" in task
       ? { case: "taskSpec" as const, value: jsonValue(task.spec) }
       : { case: "taskIndex" as const, value: { split: task.split, index: BigInt(task.index) } };
-  return { sessionId, envName, taskSource, secrets };
+  return { sessionId, envName, taskSource, secrets: options.secrets ?? {}, toolsetName: options.toolset };
 }
