@@ -1,9 +1,11 @@
 """The TypeScript client (clients/typescript) against `ors-grpc serve`.
 
-Runs the client's own node:test suites (clients/typescript/test/: discovery, full episodes by
-RPC and on RunEpisode streams, reattach through a breaking proxy, API key, TLS) against a
-server hosting EchoEnv, checks that its generated code (src/gen/) is what protoc-gen-es makes
-from proto/ now, and runs the example that README.md and docs/clients.md show.
+Runs the client's own node:test suites against real servers: clients/typescript/test/echoenv/
+(discovery, full episodes by RPC and on RunEpisode streams, reattach through a breaking proxy,
+API key, TLS) against one hosting EchoEnv, test/openrewardenv/ (messages, terminal tool,
+toolsets, group scoring) against one hosting OpenRewardEnv; checks that the generated code
+(src/gen/) is what protoc-gen-es makes from proto/ now, and runs the example that README.md and
+docs/clients.md show.
 
 They need node and `npm ci --prefix clients/typescript` (which also compiles the client).
 Without them they skip and say why; with ORS_REQUIRE_NODE=1 (as `.ci/run` sets) they fail.
@@ -26,7 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "clients" / "typescript"
 BIN = CLIENT / "node_modules" / ".bin"
 NODE = shutil.which("node")
-SUITES = sorted(f"test/{path.name}" for path in (CLIENT / "test").glob("*.test.ts"))
+
+def suites(folder: str) -> list[str]:
+    """The suites of clients/typescript/test/FOLDER, as paths from clients/typescript."""
+    return sorted(str(path.relative_to(CLIENT)) for path in (CLIENT / "test" / folder).glob("*.test.ts"))
+
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXAMPLE = CLIENT / "examples" / "quickstart.ts"
 EXAMPLE_COMMAND = "cd clients/typescript && npm ci && node dist/examples/quickstart.js"
@@ -51,6 +57,7 @@ def _require_installed() -> None:
 def built() -> None:
     """The client compiled from its sources now (tsc type-checks src/, test/ and examples/ too)."""
     _require_installed()
+    shutil.rmtree(CLIENT / "dist", ignore_errors=True)
     result = subprocess.run([str(BIN / "tsc"), "-p", "."], cwd=CLIENT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -101,7 +108,7 @@ def mode(request: pytest.FixtureRequest, certificate: tuple[Path, Path]) -> Iter
 
 def test_client_suites_pass(built: None, mode: tuple[ServeProcess, dict[str, str]]) -> None:
     serve, env = mode
-    result = run_suites(serve, SUITES, **env)
+    result = run_suites(serve, suites("echoenv"), **env)
     assert result.returncode == 0, result.stdout + result.stderr
     # auth.test.ts holds one test for the API key and one for TLS: each runs only in its mode.
     skipped = 2 if not env else 1
@@ -111,9 +118,17 @@ def test_client_suites_pass(built: None, mode: tuple[ServeProcess, dict[str, str
         assert re.search(rf"^\s*ok \d+ - {re.escape(name)}", result.stdout, re.MULTILINE), name
 
 
+def test_openreward_suites_pass(built: None) -> None:
+    environment, toolset = "tests.openreward_dialect_env:OpenRewardEnv", "tests.openreward_dialect_env:GraderToolset"
+    with start_serve(environment, "--toolset", toolset) as serve:
+        result = run_suites(serve, suites("openrewardenv"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") > 3, result.stdout
+
+
 def test_client_suites_fail_against_a_server_without_echoenv(built: None) -> None:
     with start_serve() as serve:  # only the embedded `arithmetic`
-        result = run_suites(serve, ["test/episode.test.ts"])
+        result = run_suites(serve, ["test/echoenv/episode.test.ts"])
     assert result.returncode != 0
     assert tap_count(result.stdout, "fail") > 0
     assert re.search(r"^not ok \d+ - discovery$", result.stdout, re.MULTILINE), result.stdout

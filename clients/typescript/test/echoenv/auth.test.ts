@@ -3,8 +3,8 @@
 // certificate, are refused.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Code, ErrorReason, ORSClient, ORSError } from "../src/index.js";
-import { API_KEY, TARGET, TLS_CA, clientOptions, tlsOptions } from "./server.js";
+import { Code, ErrorReason, ORSClient, ORSError } from "../../src/index.js";
+import { API_KEY, TARGET, TLS_CA, clientOptions, tlsOptions } from "../server.js";
 
 async function refusal(client: ORSClient): Promise<ORSError> {
   try {

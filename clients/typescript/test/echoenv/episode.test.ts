@@ -9,11 +9,14 @@ import {
   ORSError,
   ToolCallError,
   ToolFailedError,
+  textMessage,
   textOf,
   type Block,
   type ImageBlock,
-} from "../src/index.js";
-import { ENV_NAME, TARGET, clientOptions } from "./server.js";
+} from "../../src/index.js";
+import { TARGET, clientOptions } from "../server.js";
+
+const ENV_NAME = "echoenv";
 
 const client = new ORSClient(TARGET, clientOptions());
 const env = client.environment(ENV_NAME);
@@ -137,6 +140,28 @@ describe("an episode with one RPC per step", () => {
     const tools = await episode.listTools();
     assert.equal(tools.at(-1)?.name, "hint");
     assert.equal(textOf((await episode.callTool("hint")).blocks), "the answer is hello");
+  });
+});
+
+describe("the openreward surface on an environment without its features", () => {
+  test("messages are the prompt as one user message; no terminal tool, no group scoring; refusals say why", async () => {
+    await using episode = await env.createEpisode({ split: "train", index: 1 });
+    assert.deepEqual(await episode.getMessages(), [textMessage("user", "Say world")]);
+    const listing = await env.toolListing();
+    assert.deepEqual([listing.terminalTool, listing.supportsScoreGroup], [null, false]);
+    assert.ok(listing.messageBlockTypes.includes("text"), String(listing.messageBlockTypes));
+    assert.equal(await episode.terminalTool(), null);
+    assert.equal(await episode.isAssistantMessageFinal(), false);
+    await assert.rejects(episode.callTerminalTool("world"), (error) => error instanceof ToolCallError && error.reason === "not_found");
+    assert.equal(await episode.supportsScoreGroup(), false);
+    await rejectsWith(episode.scoreGroup([[textMessage("assistant", "world")]]), ErrorReason.SCORE_GROUP_UNSUPPORTED);
+    const unknown = await rejection(episode.callTool("no_such_tool"));
+    assert.ok(unknown instanceof ToolCallError && unknown.reason === "not_found", String(unknown));
+    const invalid = await rejection(episode.callTool("add", { a: "two" }));
+    assert.ok(invalid instanceof ToolCallError && invalid.reason === "input_validation", String(invalid));
+    await episode.callTool("submit", { answer: "world" });
+    const finished = await rejection(episode.callTool("echo", { text: "late" }));
+    assert.ok(finished instanceof ToolCallError && finished.reason === "episode_finished", String(finished));
   });
 });
 

@@ -2,9 +2,11 @@
 // proxy that breaks connections), and a call can be attached to on purpose.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { Code, ErrorReason, ORSClient, ORSError, textOf, type ORSEpisode } from "../src/index.js";
-import { BreakingProxy } from "./breaking_proxy.js";
-import { ENV_NAME, TARGET, clientOptions } from "./server.js";
+import { Code, ErrorReason, ORSClient, ORSError, textOf, type ORSEpisode } from "../../src/index.js";
+import { BreakingProxy } from "../breaking_proxy.js";
+import { TARGET, clientOptions } from "../server.js";
+
+const ENV_NAME = "echoenv";
 
 const direct = new ORSClient(TARGET, clientOptions());
 let proxy: BreakingProxy;
