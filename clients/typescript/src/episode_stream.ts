@@ -23,7 +23,7 @@ type AnswerOf<K extends AnswerCase> = Extract<Answer, { case: K }>["value"];
 /** Opened by `ORSClient.openEpisodeStream()`. Steps run one at a time, in call order. */
 export class EpisodeStream implements AsyncDisposable {
   private readonly requests = new RequestQueue<{ step: Step }>();
-  private readonly answers: AsyncIterator<RunEpisodeResponse>;
+  private answers: AsyncIterator<RunEpisodeResponse> | undefined;
   private readonly cancel = new AbortController();
   private turn: Promise<unknown> = Promise.resolve();
   private broken: ORSError | undefined;
@@ -36,10 +36,7 @@ export class EpisodeStream implements AsyncDisposable {
   constructor(
     private readonly connection: Connection,
     readonly routeKey: string = randomUUID(),
-  ) {
-    const options = connection.routed(routeKey, this.cancel.signal);
-    this.answers = connection.service.runEpisode(this.requests, options)[Symbol.asyncIterator]();
-  }
+  ) {}
 
   /** Why the stream broke (it then carries no more steps), if it did. */
   get failure(): ORSError | undefined {
@@ -69,7 +66,7 @@ export class EpisodeStream implements AsyncDisposable {
   async close(): Promise<void> {
     this.requests.end();
     await this.turn;
-    if (this.broken !== undefined) return;
+    if (this.answers === undefined || this.broken !== undefined) return;
     try {
       while (!(await this.answers.next()).done);
     } catch (error) {
@@ -86,7 +83,7 @@ export class EpisodeStream implements AsyncDisposable {
     this.requests.push({ step });
     let next: IteratorResult<RunEpisodeResponse>;
     try {
-      next = await this.answers.next();
+      next = await this.openedAnswers().next();
     } catch (error) {
       throw (this.broken = ORSError.from(error));
     }
@@ -99,6 +96,15 @@ export class EpisodeStream implements AsyncDisposable {
       throw new ORSError(Code.Internal, ErrorReason.UNSPECIFIED, `expected a ${expected} answer, got ${answer.case}`);
     }
     return answer.value as AnswerOf<K>;
+  }
+
+  /**
+   * The call's answers, opening it with the first step: a call is only
+   * opened to be read at once, so its failure is always someone's rejection.
+   */
+  private openedAnswers(): AsyncIterator<RunEpisodeResponse> {
+    const options = this.connection.routed(this.routeKey, this.cancel.signal);
+    return (this.answers ??= this.connection.service.runEpisode(this.requests, options)[Symbol.asyncIterator]());
   }
 }
 

@@ -6,7 +6,6 @@ import type { ListTaskToolsResponse, ListToolsResponse } from "./gen/ors/v1/envi
 import {
   MessageRole as MessageRoleEnum,
   RunToolErrorReason,
-  type BlockSchema,
   type GroupCandidateSchema,
   type GroupScore as GroupScoreMessage,
   type Message as MessageMessage,
@@ -133,7 +132,7 @@ function toMessageBlock({ block }: MessageBlockMessage): MessageBlock {
   switch (block.case) {
     case "text":
     case "image":
-      return toBlock({ block } as Parameters<typeof toBlock>[0]);
+      return toBlock({ block });
     case "reasoning":
       return { type: "reasoning", text: block.value.text, signature: block.value.signature ?? null, detail: parseJson(block.value.detail) };
     case "toolCall": {
@@ -158,10 +157,11 @@ function optionalJson(value: Json | undefined): { json: string } | undefined {
   return value === null || value === undefined ? undefined : { json: JSON.stringify(value) };
 }
 
-function blockInit(block: Block): MessageInitShape<typeof BlockSchema> {
+/** The content oneof of a text or image block, as the Block and MessageBlock messages both hold it. */
+function blockContent(block: Block) {
   return block.type === "text"
-    ? { block: { case: "text", value: { text: block.text, detail: optionalJson(block.detail) } } }
-    : { block: { case: "image", value: { data: block.data, mimeType: block.mimeType, detail: optionalJson(block.detail) } } };
+    ? { case: "text" as const, value: { text: block.text, detail: optionalJson(block.detail) } }
+    : { case: "image" as const, value: { data: block.data, mimeType: block.mimeType, detail: optionalJson(block.detail) } };
 }
 
 function messageBlockInit(block: MessageBlock): MessageInitShape<typeof MessageBlockSchema> {
@@ -169,18 +169,15 @@ function messageBlockInit(block: MessageBlock): MessageInitShape<typeof MessageB
   switch (block.type) {
     case "text":
     case "image":
-      return blockInit(block) as MessageInitShape<typeof MessageBlockSchema>;
+      return { block: blockContent(block) };
     case "reasoning":
       return { block: { case: "reasoning", value: { text: block.text, signature: block.signature ?? undefined, detail } } };
     case "tool_call":
       return { block: { case: "toolCall", value: { id: block.id, name: block.name, input: optionalJson(block.input), detail } } };
-    case "tool_result":
-      return {
-        block: {
-          case: "toolResult",
-          value: { toolCallId: block.toolCallId, blocks: block.blocks.map(blockInit), isError: block.isError, detail },
-        },
-      };
+    case "tool_result": {
+      const blocks = block.blocks.map((inner) => ({ block: blockContent(inner) }));
+      return { block: { case: "toolResult", value: { toolCallId: block.toolCallId, blocks, isError: block.isError, detail } } };
+    }
   }
 }
 

@@ -104,12 +104,12 @@ export function toToolSpec(spec: ToolSpecMessage): ToolSpec {
   return { name: spec.name, description: spec.description, inputSchema: parseJson(spec.inputSchema) };
 }
 
-export function toBlock(block: BlockMessage): Block {
-  switch (block.block.case) {
+export function toBlock({ block }: Pick<BlockMessage, "block">): Block {
+  switch (block.case) {
     case "text":
-      return { type: "text", text: block.block.value.text, detail: parseJson(block.block.value.detail) };
+      return { type: "text", text: block.value.text, detail: parseJson(block.value.detail) };
     case "image": {
-      const image = block.block.value;
+      const image = block.value;
       return { type: "image", data: image.data, mimeType: image.mimeType, detail: parseJson(image.detail) };
     }
     default:

@@ -1,6 +1,7 @@
 // Tool calls whose stream broke are attached to again by task id (through a
 // proxy that breaks connections), and a call can be attached to on purpose.
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, describe, test } from "node:test";
 import { Code, ErrorReason, ORSClient, ORSError, textOf, type ORSEpisode } from "../../src/index.js";
 import { BreakingProxy } from "../breaking_proxy.js";
@@ -21,6 +22,15 @@ after(async () => {
   direct.close();
   await proxy.stop();
 });
+
+/** A loopback `host:port` nothing listens on (a port just freed). */
+async function closedPort(): Promise<string> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  return `127.0.0.1:${port}`;
+}
 
 /** Resolves once the server runs the call `taskId` of `episode` (it answers an attach with the task id). */
 async function serverRuns(episode: ORSEpisode, taskId: string): Promise<void> {
@@ -87,6 +97,31 @@ describe("on a RunEpisode stream", () => {
     const gone = await direct.service.getPrompt({ sessionId: episode.sessionId }).catch(ORSError.from);
     assert.ok(gone instanceof ORSError && gone.reason === ErrorReason.SESSION_NOT_FOUND, String(gone));
     await stream.close();
+  });
+
+  test("a stream broken while idle: the next step goes by RPC", async () => {
+    const stream = proxied.openEpisodeStream();
+    const episode = await stream.createEpisode(ENV_NAME, { split: "train", index: 1 });
+    proxy.cut();
+    assert.equal(textOf(await episode.getPrompt()), "Say world");
+    assert.ok(stream.failure instanceof ORSError, "the stream broke");
+    await episode.close();
+    await stream.close();
+  });
+
+  test("a stream that cannot connect rejects its first step and closes", async () => {
+    const nowhere = new ORSClient(await closedPort(), clientOptions());
+    try {
+      const stream = nowhere.openEpisodeStream();
+      await assert.rejects(
+        stream.createEpisode(ENV_NAME, { split: "train", index: 0 }),
+        (error) => error instanceof ORSError && error.code === Code.Unavailable,
+      );
+      await stream.close();
+      await nowhere.openEpisodeStream().close(); // never used: nothing to fail
+    } finally {
+      nowhere.close();
+    }
   });
 
   test("a caller that stopped waiting ends the stream; the call goes on, later steps go by RPC", async () => {
