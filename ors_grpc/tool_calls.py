@@ -55,6 +55,10 @@ class CallOutcome:
     failure: str | None = None
 
 
+async def _at_once(outcome: CallOutcome) -> CallOutcome:
+    return outcome
+
+
 class ToolCallTask:
     """One tool call (or group scoring), running or finished."""
 
@@ -169,8 +173,8 @@ class SessionToolCalls:
     async def _run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""
         fn = env._resolve_tool(name, self.toolset)
-        if isinstance(fn, RunToolOutput):  # not_found, name_collision
-            return CallOutcome(result=fn)
+        if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
+            return await metrics.timed_tool_call(env, name, _at_once(CallOutcome(result=fn)))
         if self.finished:
             return CallOutcome(result=_REFUSED_AS_FINISHED)
         if is_exclusive_tool(fn):

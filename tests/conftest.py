@@ -21,10 +21,10 @@ TEST_ENVIRONMENTS = [EchoEnv, SlowSetupEnv, FailingSetupEnv]
 
 @contextlib.asynccontextmanager
 async def serving(
-    environments: Sequence[type] = TEST_ENVIRONMENTS, config: ServerConfig = ServerConfig()
+    environments: Sequence[type] = TEST_ENVIRONMENTS, config: ServerConfig = ServerConfig(), toolsets: Any = ()
 ) -> AsyncIterator[pb_grpc.EnvironmentServiceStub]:
-    """Start a server for `environments` on a free loopback port; yield a stub onto it."""
-    server, port = await create_server(environments, "127.0.0.1:0", config=config)
+    """Start a server for `environments` (and `toolsets`) on a free loopback port; yield a stub onto it."""
+    server, port = await create_server(environments, "127.0.0.1:0", config=config, toolsets=toolsets)
     try:
         options = [("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.max_send_message_length", config.max_message_bytes)]

@@ -158,7 +158,11 @@ class OpenRewardEnv(Environment):
                           reward=1.0 if correct else 0.0, finished=True)
 
     async def score_group(self, candidates):
-        # Candidate metadata steers the failures: {"fail": ...} raises, {"drop": ...} miscounts.
+        # Candidate metadata steers it: {"wait": tag} waits for `release(tag)`,
+        # {"fail": ...} raises, {"drop": ...} miscounts.
+        for candidate in candidates:
+            if (candidate.metadata or {}).get("wait"):
+                await _wait(candidate.metadata["wait"], "score")
         if any((c.metadata or {}).get("fail") for c in candidates):
             raise RuntimeError("judge unavailable")
         scores = []
