@@ -4,10 +4,12 @@ import type { Client, Interceptor } from "@connectrpc/connect";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { EnvironmentService } from "./gen/ors/v1/environment_service_pb.js";
+import { retryInterceptor } from "./retries.js";
 
 /** The server's default message size limit (`--max-message-bytes`). */
 const DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024;
 const DEFAULT_REATTACH_ATTEMPTS = 5;
+const DEFAULT_RETRY_ATTEMPTS = 5;
 
 /** Trust settings for a TLS connection (Node's `tls.connect` options of the same names). */
 export interface TlsOptions {
@@ -29,6 +31,12 @@ export interface ORSClientOptions {
   maxMessageBytes?: number;
   /** How many times a tool call whose stream broke is attached to again by its task id (default 5). */
   reattachAttempts?: number;
+  /**
+   * How many times an RPC that is safe to repeat (discovery, GetPrompt,
+   * ListTaskTools, Ping, the deletes; not CreateEpisode) is tried when its
+   * connection broke or the server answered UNAVAILABLE (default 5).
+   */
+  retryAttempts?: number;
 }
 
 export class Connection {
@@ -42,7 +50,8 @@ export class Connection {
     const baseUrl = `${tls ? "https" : "http"}://${target}`;
     const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     this.sessions = new Http2SessionManager(baseUrl, {}, tls ?? {});
-    const interceptors = options.apiKey === undefined ? [] : [apiKeyInterceptor(options.apiKey)];
+    const interceptors = [retryInterceptor(options.retryAttempts ?? DEFAULT_RETRY_ATTEMPTS)];
+    if (options.apiKey !== undefined) interceptors.push(apiKeyInterceptor(options.apiKey));
     const transport = createGrpcTransport({
       baseUrl,
       sessionManager: this.sessions,

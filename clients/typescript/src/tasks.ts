@@ -33,6 +33,11 @@ export interface TaskRun<T, E extends TaskEvent> {
   outcome(last: E["event"]): T;
 }
 
+/** The pause before try `attempt` + 1 of something that broke: 0.1 s, doubling, at most 2 s. */
+export function backoffMs(attempt: number): number {
+  return Math.min(FIRST_BACKOFF_MS * 2 ** attempt, MAX_BACKOFF_MS);
+}
+
 /** Where a session's calls go: its id, and the `x-session-id` that routes them. */
 export interface SessionRoute {
   connection: Connection;
@@ -107,7 +112,7 @@ export async function reattach<T, E extends TaskEvent>(
 ): Promise<T> {
   let lastBreak = broke;
   for (let attempt = 0; attempt < route.connection.reattachAttempts; attempt += 1) {
-    await sleep(Math.min(FIRST_BACKOFF_MS * 2 ** attempt, MAX_BACKOFF_MS), undefined, { signal }).catch((error: unknown) => {
+    await sleep(backoffMs(attempt), undefined, { signal }).catch((error: unknown) => {
       throw ORSError.from(error);
     });
     try {

@@ -8,10 +8,16 @@ export class BreakingProxy {
   private readonly server: net.Server;
   private readonly pairs = new Set<[net.Socket, net.Socket]>();
   private dropping: (() => void) | undefined;
+  private refusals = 0;
 
   private constructor(upstreamHost: string, upstreamPort: number) {
     this.server = net.createServer((downstream) => {
       this.connections += 1;
+      if (this.refusals > 0) {
+        this.refusals -= 1;
+        downstream.destroy();
+        return;
+      }
       const upstream = net.connect(upstreamPort, upstreamHost);
       const pair: [net.Socket, net.Socket] = [downstream, upstream];
       this.pairs.add(pair);
@@ -39,6 +45,12 @@ export class BreakingProxy {
   /** Breaks every open connection (both sides); new ones are accepted as before. */
   cut(): void {
     for (const pair of this.pairs) this.cutPair(pair);
+  }
+
+  /** Breaks every open connection, and closes the next `count` ones as soon as they are accepted. */
+  cutAndRefuse(count: number): void {
+    this.cut();
+    this.refusals = count;
   }
 
   /** Drops the next bytes the client sends, unforwarded, and then breaks every connection. */

@@ -82,6 +82,21 @@ describe("one RPC per step", () => {
   });
 });
 
+describe("RPCs that are safe to repeat", () => {
+  test("are sent again when their connection broke, and creating an episode is not", async () => {
+    await proxied.health(); // connected
+    const before = proxy.connections;
+    proxy.cutAndRefuse(1);
+    assert.equal((await proxied.health()).status, "ok");
+    assert.ok(proxy.connections >= before + 2, "a refused connection, then one that answered");
+
+    proxy.cutAndRefuse(1);
+    const refused = await proxied.environment(ENV_NAME).createEpisode({ split: "train", index: 0 }).catch((error: unknown) => error);
+    proxy.cutAndRefuse(0);
+    assert.ok(refused instanceof ORSError && refused.reason === ErrorReason.UNSPECIFIED, String(refused));
+  });
+});
+
 describe("on a RunEpisode stream", () => {
   test("a stream broken while the tool runs: the call is attached to by its task id, later steps go by RPC", async () => {
     const stream = proxied.openEpisodeStream();
