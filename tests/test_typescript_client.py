@@ -3,7 +3,8 @@
 Runs the client's own node:test suites against real servers: clients/typescript/test/echoenv/
 (discovery, full episodes by RPC and on RunEpisode streams, reattach through a breaking proxy,
 API key, TLS) against one hosting EchoEnv, test/openrewardenv/ (messages, terminal tool,
-toolsets, group scoring) against one hosting OpenRewardEnv; checks that the generated code
+toolsets, group scoring) against one hosting OpenRewardEnv, test/gatedsetupenv/ (calls while
+the environment is still starting) against one hosting GatedSetupEnv; checks that the generated code
 (src/gen/) is what protoc-gen-es makes from proto/ now, and runs the example that README.md and
 docs/clients.md show.
 
@@ -124,6 +125,14 @@ def test_openreward_suites_pass(built: None) -> None:
         result = run_suites(serve, suites("openrewardenv"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") > 3, result.stdout
+
+
+def test_calls_while_the_environment_starts_are_asked_again(built: None, tmp_path: Path) -> None:
+    gate = {"ORS_TEST_SETUP_GATE": str(tmp_path / "setup-gate")}  # the suite creates it: setup ends
+    with start_serve("tests.gated_setup_env:GatedSetupEnv", "--setup-wait", "0.2", env=gate) as serve:
+        result = run_suites(serve, suites("gatedsetupenv"), **gate)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") > 0, result.stdout
 
 
 def test_client_suites_fail_against_a_server_without_echoenv(built: None) -> None:

@@ -10,6 +10,7 @@ import { retryInterceptor } from "./retries.js";
 const DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024;
 const DEFAULT_REATTACH_ATTEMPTS = 5;
 const DEFAULT_RETRY_ATTEMPTS = 5;
+const DEFAULT_STARTING_RETRY_MS = 10 * 60 * 1000;
 
 /** Trust settings for a TLS connection (Node's `tls.connect` options of the same names). */
 export interface TlsOptions {
@@ -37,11 +38,19 @@ export interface ORSClientOptions {
    * connection broke or the server answered UNAVAILABLE (default 5).
    */
   retryAttempts?: number;
+  /**
+   * For how long a call answered "environment still starting"
+   * (ENVIRONMENT_STARTING: the episode's setup outlasted the server's
+   * `--setup-wait`) is asked again, after the server's retry-after (default
+   * 10 minutes; 0 never asks again).
+   */
+  startingRetryMs?: number;
 }
 
 export class Connection {
   readonly service: Client<typeof EnvironmentService>;
   readonly reattachAttempts: number;
+  readonly startingRetryMs: number;
   private readonly sessions: Http2SessionManager;
 
   /** `target` is `host:port`, as for every gRPC client. */
@@ -50,7 +59,8 @@ export class Connection {
     const baseUrl = `${tls ? "https" : "http"}://${target}`;
     const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     this.sessions = new Http2SessionManager(baseUrl, {}, tls ?? {});
-    const interceptors = [retryInterceptor(options.retryAttempts ?? DEFAULT_RETRY_ATTEMPTS)];
+    this.startingRetryMs = options.startingRetryMs ?? DEFAULT_STARTING_RETRY_MS;
+    const interceptors = [retryInterceptor(options.retryAttempts ?? DEFAULT_RETRY_ATTEMPTS, this.startingRetryMs)];
     if (options.apiKey !== undefined) interceptors.push(apiKeyInterceptor(options.apiKey));
     const transport = createGrpcTransport({
       baseUrl,

@@ -12,6 +12,7 @@ import { ErrorReason } from "./gen/ors/v1/errors_pb.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
 import { candidateInit, toMessage, toToolListing, type GroupCandidate, type GroupScore, type Message, type ToolListing } from "./messages.js";
 import { isBreak, reattach, runTask, type SessionRoute, type TaskEvent, type TaskOptions, type TaskRun } from "./tasks.js";
+import { whileStarting } from "./starting.js";
 import { scoring, toolCall } from "./tool_calls.js";
 import { jsonValue, toBlock, type Block, type JsonObject, type TaskSource, type ToolOutput } from "./types.js";
 
@@ -172,7 +173,12 @@ export class StreamEpisode extends ORSEpisode {
     );
   }
 
-  private async onStream<T>(viaStream: () => Promise<T>, viaRpc: () => Promise<T>): Promise<T> {
+  /** A step on the stream, asked again while the environment is still starting; by RPC once the stream broke. */
+  private onStream<T>(viaStream: () => Promise<T>, viaRpc: () => Promise<T>): Promise<T> {
+    return whileStarting(() => this.onStreamOnce(viaStream, viaRpc), this.route.connection.startingRetryMs);
+  }
+
+  private async onStreamOnce<T>(viaStream: () => Promise<T>, viaRpc: () => Promise<T>): Promise<T> {
     if (this.stream.failure === undefined) {
       try {
         return await viaStream();
@@ -188,7 +194,12 @@ export class StreamEpisode extends ORSEpisode {
    * ends the stream (steps are answered in order, so one cannot be left
    * behind); the work runs on, and later steps go by RPC.
    */
-  private async stepTask<T, E extends TaskEvent>(ask: (taskId: string) => Promise<E>, run: TaskRun<T, E>, options: TaskOptions): Promise<T> {
+  private stepTask<T, E extends TaskEvent>(ask: (taskId: string) => Promise<E>, run: TaskRun<T, E>, options: TaskOptions): Promise<T> {
+    // A step refused as "still starting" never ran: it is asked again under a fresh task id.
+    return whileStarting(() => this.stepTaskOnce(ask, run, options), this.route.connection.startingRetryMs, options.signal);
+  }
+
+  private async stepTaskOnce<T, E extends TaskEvent>(ask: (taskId: string) => Promise<E>, run: TaskRun<T, E>, options: TaskOptions): Promise<T> {
     if (this.stream.failure !== undefined) return runTask(this.route, run, options);
     const taskId = randomUUID();
     const abort = () => this.stream.abort(options.signal?.reason);

@@ -17,25 +17,30 @@ export const ERROR_REASON_METADATA_KEY = "ors-error-reason";
 export class ORSError extends Error {
   override name = "ORSError";
   readonly reasonName: string;
+  /** The server's `retry-after` (seconds), sent when it is full or the environment still starting; else null. */
+  readonly retryAfterSeconds: number | null;
 
   constructor(
     readonly code: Code,
     readonly reason: ErrorReason,
     readonly detail: string,
-    options?: { cause?: unknown },
+    options?: { cause?: unknown; retryAfterSeconds?: number | null },
   ) {
     const reasonName = ErrorReasonSchema.value[reason]?.name ?? `ERROR_REASON_${reason}`;
     super(`${reasonName} (${Code[code] ?? code}): ${detail}`, options);
     this.reasonName = reasonName;
+    this.retryAfterSeconds = options?.retryAfterSeconds ?? null;
   }
 
-  /** From whatever a Connect call threw: its status, and the reason from its trailers. */
+  /** From whatever a Connect call threw: its status, and the reason (and retry-after) from its trailers. */
   static from(error: unknown): ORSError {
     if (error instanceof ORSError) return error;
     const connectError = ConnectError.from(error);
     const name = connectError.metadata.get(ERROR_REASON_METADATA_KEY);
     const reason = ErrorReasonSchema.values.find((value) => value.name === name)?.number ?? ErrorReason.UNSPECIFIED;
-    return new ORSError(connectError.code, reason, connectError.rawMessage, { cause: error });
+    const retryAfter = Number.parseFloat(connectError.metadata.get("retry-after") ?? "");
+    const retryAfterSeconds = Number.isFinite(retryAfter) ? retryAfter : null;
+    return new ORSError(connectError.code, reason, connectError.rawMessage, { cause: error, retryAfterSeconds });
   }
 
   /** From a RunEpisode `StepError`: what the step's own RPC would have thrown. */

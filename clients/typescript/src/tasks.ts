@@ -7,6 +7,7 @@ import { Code } from "@connectrpc/connect";
 import type { Connection } from "./connection.js";
 import { ORSError } from "./errors.js";
 import { ErrorReason } from "./gen/ors/v1/errors_pb.js";
+import { whileStarting } from "./starting.js";
 
 /** Statuses of a stream that broke in transit (no ORS reason): worth attaching again. */
 const BREAK_CODES = new Set([Code.Unavailable, Code.Internal, Code.Unknown, Code.Canceled, Code.Aborted]);
@@ -73,8 +74,16 @@ export async function readTask<T, E extends TaskEvent>(
   return run.outcome(last);
 }
 
-/** Starts the work and reads its outcome; a stream broken after the task id came is attached to again. */
-export async function runTask<T, E extends TaskEvent>(route: SessionRoute, run: TaskRun<T, E>, options: TaskOptions = {}): Promise<T> {
+/**
+ * Starts the work and reads its outcome; a stream broken after the task id
+ * came is attached to again, and work refused as "still starting" (before
+ * any task id: nothing ran) is started again after the server's retry-after.
+ */
+export function runTask<T, E extends TaskEvent>(route: SessionRoute, run: TaskRun<T, E>, options: TaskOptions = {}): Promise<T> {
+  return whileStarting(() => runTaskOnce(route, run, options), route.connection.startingRetryMs, options.signal);
+}
+
+async function runTaskOnce<T, E extends TaskEvent>(route: SessionRoute, run: TaskRun<T, E>, options: TaskOptions): Promise<T> {
   let taskId: string | undefined;
   try {
     return await readTask(run.start(options.signal), run, (id) => {
