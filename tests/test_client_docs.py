@@ -1,4 +1,5 @@
-"""The Python, Node.js and curl examples of docs/clients.md run as written against `ors-grpc serve`."""
+"""The Python and curl examples of docs/clients.md run as written against `ors-grpc serve`
+(its TypeScript example: tests/test_typescript_client.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,9 @@ from typing import Iterator
 import pytest
 
 from tests.servers import ServeProcess, start_serve
-from tests.tooling import NPM_CI_TIMEOUT_S, ensure_node_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "clients.md"
-NODE_CLIENT = ROOT / "clients" / "node"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: The addresses the examples are written for (`ors-grpc serve --port 50051 --http-port 8080`).
 DOC_GRPC, DOC_HTTP = "127.0.0.1:50051", "http://127.0.0.1:8080"
@@ -59,15 +58,6 @@ def test_python_examples_run(serve: ServeProcess, index: int, expected: list[str
     output = run([sys.executable, "-c", pointed_at(code, serve)])
     for text in expected:
         assert text in output
-
-
-@pytest.mark.timeout(NPM_CI_TIMEOUT_S + 120)
-def test_node_example_runs(serve: ServeProcess) -> None:
-    ensure_node_packages(NODE_CLIENT)
-    (code,) = examples("javascript")
-    output = run(["node", "-e", pointed_at(code, serve)], cwd=NODE_CLIENT)
-    _prompt, total, refused, finished = output.splitlines()
-    assert total == "42" and refused.startswith("false ") and "no_such_tool" in refused and finished == "1 true"
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

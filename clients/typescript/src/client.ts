@@ -1,0 +1,125 @@
+// The entry point: ORSClient (server-wide calls, episode streams) and
+// Environment (discovery of one environment, episodes of it).
+import { randomUUID } from "node:crypto";
+import { Connection, type ORSClientOptions } from "./connection.js";
+import { Episode } from "./episode.js";
+import { EpisodeStream } from "./episode_stream.js";
+import { rpc } from "./errors.js";
+import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
+import { toToolListing, type ToolListing } from "./messages.js";
+import { taskSpec, toSplit, type JsonObject, type Split, type TaskSource, type ToolSpec } from "./types.js";
+
+/** A client of an ORS gRPC server (`ors.v1.EnvironmentService`). */
+export class ORSClient implements Disposable {
+  private readonly connection: Connection;
+
+  /** `target` is `host:port`, e.g. `127.0.0.1:50051`. */
+  constructor(target: string, options: ORSClientOptions = {}) {
+    this.connection = new Connection(target, options);
+  }
+
+  /** The generated, fully typed service client, for anything this class does not wrap. */
+  get service() {
+    return this.connection.service;
+  }
+
+  async health(): Promise<{ status: string; openSessions: number }> {
+    const { status, openSessions } = await rpc(this.service.health({}));
+    return { status, openSessions: Number(openSessions) };
+  }
+
+  async version(): Promise<string> {
+    return (await rpc(this.service.version({}))).version;
+  }
+
+  /** The hosted environments' names; the first is the default one. */
+  async listEnvironments(): Promise<string[]> {
+    return (await rpc(this.service.listEnvironments({}))).names;
+  }
+
+  /** One hosted environment, by (case-insensitive) name. */
+  environment(name: string): Environment {
+    return new Environment(name, this.connection);
+  }
+
+  /**
+   * Opens a RunEpisode stream: episodes on it cost a few times less than an
+   * RPC per step. Close it when done (`await stream.close()`).
+   */
+  openEpisodeStream(routeKey?: string): EpisodeStream {
+    return new EpisodeStream(this.connection, routeKey);
+  }
+
+  /** Closes the connection, ending the calls still open on it. */
+  close(): void {
+    this.connection.close();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}
+
+/** Discovery and episodes of one environment. */
+export class Environment {
+  /** Use `ORSClient.environment`. */
+  constructor(
+    readonly name: string,
+    private readonly connection: Connection,
+  ) {}
+
+  async listSplits(): Promise<Split[]> {
+    return (await rpc(this.service.listSplits({ envName: this.name }))).splits.map(toSplit);
+  }
+
+  /** The specs of all tasks of a split. */
+  async listTasks(split: string): Promise<JsonObject[]> {
+    return (await rpc(this.service.listTasks({ envName: this.name, split }))).tasks.map(taskSpec);
+  }
+
+  async numTasks(split: string): Promise<number> {
+    return Number((await rpc(this.service.numTasks({ envName: this.name, split }))).numTasks);
+  }
+
+  async getTask(split: string, index: number): Promise<JsonObject> {
+    return taskSpec((await rpc(this.service.getTask({ envName: this.name, split, index: BigInt(index) }))).task);
+  }
+
+  /** The specs of tasks [start, stop) of a split, with Python slice semantics (negative counts from the end). */
+  async getTaskRange(split: string, start?: number, stop?: number): Promise<JsonObject[]> {
+    const request = {
+      envName: this.name,
+      split,
+      ...(start === undefined ? {} : { start: BigInt(start) }),
+      ...(stop === undefined ? {} : { stop: BigInt(stop) }),
+    };
+    return (await rpc(this.service.getTaskRange(request))).tasks.map(taskSpec);
+  }
+
+  /** The environment's shared tools (those of every task; the terminal tool apart). */
+  async listTools(): Promise<ToolSpec[]> {
+    return (await this.toolListing()).tools;
+  }
+
+  /** The shared tools, the terminal tool, group-scoring support and the block types messages may hold. */
+  async toolListing(): Promise<ToolListing> {
+    return toToolListing(await rpc(this.service.listTools({ envName: this.name })));
+  }
+
+  /**
+   * Starts an episode with one RPC per step (CreateEpisode, then GetPrompt,
+   * CallTool, ...). Close it when done (`await episode.close()`, or
+   * `await using episode = ...`).
+   */
+  async createEpisode(task: TaskSource, options: EpisodeOptions = {}): Promise<Episode> {
+    const sessionId = options.sessionId ?? randomUUID();
+    const route = { connection: this.connection, sessionId, routeKey: sessionId };
+    const request = createEpisodeRequest(sessionId, this.name, task, options);
+    await rpc(this.service.createEpisode(request, this.connection.routed(sessionId)));
+    return new Episode(route);
+  }
+
+  private get service() {
+    return this.connection.service;
+  }
+}
