@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file ors/v1/environment_service.proto.
  */
 export const file_ors_v1_environment_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBvcnMvdjEvZW52aXJvbm1lbnRfc2VydmljZS5wcm90bxIGb3JzLnYxIg8KDUhlYWx0aFJlcXVlc3QiNwoOSGVhbHRoUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJEhUKDW9wZW5fc2Vzc2lvbnMYAiABKAMiEAoOVmVyc2lvblJlcXVlc3QiIgoPVmVyc2lvblJlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkiGQoXTGlzdEVudmlyb25tZW50c1JlcXVlc3QiKQoYTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEg0KBW5hbWVzGAEgAygJIiQKEExpc3RUb29sc1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkioAEKEUxpc3RUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIiUKEUxpc3RTcGxpdHNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJIjMKEkxpc3RTcGxpdHNSZXNwb25zZRIdCgZzcGxpdHMYASADKAsyDS5vcnMudjEuU3BsaXQiMwoQTGlzdFRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSJCChFMaXN0VGFza3NSZXNwb25zZRIbCgV0YXNrcxgBIAMoCzIMLm9ycy52MS5UYXNrEhAKCGVudl9uYW1lGAIgASgJIjIKD051bVRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSIlChBOdW1UYXNrc1Jlc3BvbnNlEhEKCW51bV90YXNrcxgBIAEoAyJACg5HZXRUYXNrUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCRINCgVpbmRleBgDIAEoAyItCg9HZXRUYXNrUmVzcG9uc2USGgoEdGFzaxgBIAEoCzIMLm9ycy52MS5UYXNrInAKE0dldFRhc2tSYW5nZVJlcXVlc3QSEAoIZW52X25hbWUYASABKAkSDQoFc3BsaXQYAiABKAkSEgoFc3RhcnQYAyABKANIAIgBARIRCgRzdG9wGAQgASgDSAGIAQFCCAoGX3N0YXJ0QgcKBV9zdG9wIjMKFEdldFRhc2tSYW5nZVJlc3BvbnNlEhsKBXRhc2tzGAEgAygLMgwub3JzLnYxLlRhc2siGAoWQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdCItChdDcmVhdGVTZXNzaW9uSWRSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIikKCVRhc2tJbmRleBINCgVzcGxpdBgBIAEoCRINCgVpbmRleBgCIAEoAyK0AgoUQ3JlYXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghlbnZfbmFtZRgCIAEoCRImCgl0YXNrX3NwZWMYAyABKAsyES5vcnMudjEuSnNvblZhbHVlSAASJwoKdGFza19pbmRleBgEIAEoCzIRLm9ycy52MS5UYXNrSW5kZXhIABI6CgdzZWNyZXRzGAUgAygLMikub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0LlNlY3JldHNFbnRyeRIZCgx0b29sc2V0X25hbWUYBiABKAlIAYgBARouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUINCgt0YXNrX3NvdXJjZUIPCg1fdG9vbHNldF9uYW1lIisKFUNyZWF0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiYKEEdldFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIyChFHZXRQcm9tcHRSZXNwb25zZRIdCgZibG9ja3MYASADKAsyDS5vcnMudjEuQmxvY2siKgoUTGlzdFRhc2tUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSKkAQoVTGlzdFRhc2tUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIkUKD0NhbGxUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEh4KBGNhbGwYAiABKAsyEC5vcnMudjEuVG9vbENhbGwiHgoLVG9vbEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSJ/ChBDYWxsVG9vbFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABInCgZyZXN1bHQYAiABKAsyFS5vcnMudjEuUnVuVG9vbFJlc3VsdEgAEiYKB2ZhaWx1cmUYAyABKAsyEy5vcnMudjEuVG9vbEZhaWx1cmVIAEIHCgVldmVudCIhCgtQaW5nUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIh4KDFBpbmdSZXNwb25zZRIOCgZzdGF0dXMYASABKAkiKgoURGVsZXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIrChVEZWxldGVFcGlzb2RlUmVzcG9uc2USEgoKc2Vzc2lvbl9pZBgBIAEoCSIsChZEZWxldGVTZXNzaW9uSWRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiLQoXRGVsZXRlU2Vzc2lvbklkUmVzcG9uc2USEgoKc2Vzc2lvbl9pZBgBIAEoCSLyAgoRUnVuRXBpc29kZVJlcXVlc3QSLgoGY3JlYXRlGAEgASgLMhwub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0SAASLgoKZ2V0X3Byb21wdBgCIAEoCzIYLm9ycy52MS5HZXRQcm9tcHRSZXF1ZXN0SAASNwoPbGlzdF90YXNrX3Rvb2xzGAMgASgLMhwub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXF1ZXN0SAASKQoJY2FsbF90b29sGAQgASgLMhQub3JzLnYxLlRvb2xDYWxsU3RlcEgAEi4KBmRlbGV0ZRgFIAEoCzIcLm9ycy52MS5EZWxldGVFcGlzb2RlUmVxdWVzdEgAEjIKDGdldF9tZXNzYWdlcxgKIAEoCzIaLm9ycy52MS5HZXRNZXNzYWdlc1JlcXVlc3RIABItCgtzY29yZV9ncm91cBgLIAEoCzIWLm9ycy52MS5TY29yZUdyb3VwU3RlcEgAQgYKBHN0ZXAiTwoMVG9vbENhbGxTdGVwEgwKBG5hbWUYASABKAkSIAoFaW5wdXQYAiABKAsyES5vcnMudjEuSnNvblZhbHVlEg8KB3Rhc2tfaWQYAyABKAkipAMKElJ1bkVwaXNvZGVSZXNwb25zZRIvCgZjcmVhdGUYASABKAsyHS5vcnMudjEuQ3JlYXRlRXBpc29kZVJlc3BvbnNlSAASLwoKZ2V0X3Byb21wdBgCIAEoCzIZLm9ycy52MS5HZXRQcm9tcHRSZXNwb25zZUgAEjgKD2xpc3RfdGFza190b29scxgDIAEoCzIdLm9ycy52MS5MaXN0VGFza1Rvb2xzUmVzcG9uc2VIABItCgljYWxsX3Rvb2wYBCABKAsyGC5vcnMudjEuQ2FsbFRvb2xSZXNwb25zZUgAEi8KBmRlbGV0ZRgGIAEoCzIdLm9ycy52MS5EZWxldGVFcGlzb2RlUmVzcG9uc2VIABIiCgVlcnJvchgFIAEoCzIRLm9ycy52MS5TdGVwRXJyb3JIABIzCgxnZXRfbWVzc2FnZXMYCiABKAsyGy5vcnMudjEuR2V0TWVzc2FnZXNSZXNwb25zZUgAEjEKC3Njb3JlX2dyb3VwGAsgASgLMhoub3JzLnYxLlNjb3JlR3JvdXBSZXNwb25zZUgAQgYKBHN0ZXAiTwoJU3RlcEVycm9yEgwKBGNvZGUYASABKAUSIwoGcmVhc29uGAIgASgOMhMub3JzLnYxLkVycm9yUmVhc29uEg8KB21lc3NhZ2UYAyABKAkiKAoSR2V0TWVzc2FnZXNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiOAoTR2V0TWVzc2FnZXNSZXNwb25zZRIhCghtZXNzYWdlcxgBIAMoCzIPLm9ycy52MS5NZXNzYWdlImQKEVNjb3JlR3JvdXBSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSKgoKY2FuZGlkYXRlcxgCIAMoCzIWLm9ycy52MS5Hcm91cENhbmRpZGF0ZRIPCgd0YXNrX2lkGAMgASgJIjYKEFNjb3JlR3JvdXBSZXN1bHQSIgoGc2NvcmVzGAEgAygLMhIub3JzLnYxLkdyb3VwU2NvcmUiJAoRU2NvcmVHcm91cEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSKKAQoSU2NvcmVHcm91cFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABIqCgZyZXN1bHQYAiABKAsyGC5vcnMudjEuU2NvcmVHcm91cFJlc3VsdEgAEiwKB2ZhaWx1cmUYAyABKAsyGS5vcnMudjEuU2NvcmVHcm91cEZhaWx1cmVIAEIHCgVldmVudCJNCg5TY29yZUdyb3VwU3RlcBIqCgpjYW5kaWRhdGVzGAEgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAiABKAkyjwsKEkVudmlyb25tZW50U2VydmljZRI3CgZIZWFsdGgSFS5vcnMudjEuSGVhbHRoUmVxdWVzdBoWLm9ycy52MS5IZWFsdGhSZXNwb25zZRI6CgdWZXJzaW9uEhYub3JzLnYxLlZlcnNpb25SZXF1ZXN0Ghcub3JzLnYxLlZlcnNpb25SZXNwb25zZRJVChBMaXN0RW52aXJvbm1lbnRzEh8ub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXF1ZXN0GiAub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXNwb25zZRJACglMaXN0VG9vbHMSGC5vcnMudjEuTGlzdFRvb2xzUmVxdWVzdBoZLm9ycy52MS5MaXN0VG9vbHNSZXNwb25zZRJDCgpMaXN0U3BsaXRzEhkub3JzLnYxLkxpc3RTcGxpdHNSZXF1ZXN0Ghoub3JzLnYxLkxpc3RTcGxpdHNSZXNwb25zZRJACglMaXN0VGFza3MSGC5vcnMudjEuTGlzdFRhc2tzUmVxdWVzdBoZLm9ycy52MS5MaXN0VGFza3NSZXNwb25zZRI9CghOdW1UYXNrcxIXLm9ycy52MS5OdW1UYXNrc1JlcXVlc3QaGC5vcnMudjEuTnVtVGFza3NSZXNwb25zZRI6CgdHZXRUYXNrEhYub3JzLnYxLkdldFRhc2tSZXF1ZXN0Ghcub3JzLnYxLkdldFRhc2tSZXNwb25zZRJJCgxHZXRUYXNrUmFuZ2USGy5vcnMudjEuR2V0VGFza1JhbmdlUmVxdWVzdBocLm9ycy52MS5HZXRUYXNrUmFuZ2VSZXNwb25zZRJSCg9DcmVhdGVTZXNzaW9uSWQSHi5vcnMudjEuQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdBofLm9ycy52MS5DcmVhdGVTZXNzaW9uSWRSZXNwb25zZRJMCg1DcmVhdGVFcGlzb2RlEhwub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0Gh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZRJACglHZXRQcm9tcHQSGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdBoZLm9ycy52MS5HZXRQcm9tcHRSZXNwb25zZRJMCg1MaXN0VGFza1Rvb2xzEhwub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXF1ZXN0Gh0ub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXNwb25zZRI/CghDYWxsVG9vbBIXLm9ycy52MS5DYWxsVG9vbFJlcXVlc3QaGC5vcnMudjEuQ2FsbFRvb2xSZXNwb25zZTABEjEKBFBpbmcSEy5vcnMudjEuUGluZ1JlcXVlc3QaFC5vcnMudjEuUGluZ1Jlc3BvbnNlEkwKDURlbGV0ZUVwaXNvZGUSHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3QaHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlElIKD0RlbGV0ZVNlc3Npb25JZBIeLm9ycy52MS5EZWxldGVTZXNzaW9uSWRSZXF1ZXN0Gh8ub3JzLnYxLkRlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEkcKClJ1bkVwaXNvZGUSGS5vcnMudjEuUnVuRXBpc29kZVJlcXVlc3QaGi5vcnMudjEuUnVuRXBpc29kZVJlc3BvbnNlKAEwARJGCgtHZXRNZXNzYWdlcxIaLm9ycy52MS5HZXRNZXNzYWdlc1JlcXVlc3QaGy5vcnMudjEuR2V0TWVzc2FnZXNSZXNwb25zZRJFCgpTY29yZUdyb3VwEhkub3JzLnYxLlNjb3JlR3JvdXBSZXF1ZXN0Ghoub3JzLnYxLlNjb3JlR3JvdXBSZXNwb25zZTABYgZwcm90bzM", [file_ors_v1_errors, file_ors_v1_types]);
+  fileDesc("CiBvcnMvdjEvZW52aXJvbm1lbnRfc2VydmljZS5wcm90bxIGb3JzLnYxIg8KDUhlYWx0aFJlcXVlc3QiNwoOSGVhbHRoUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJEhUKDW9wZW5fc2Vzc2lvbnMYAiABKAMiEAoOVmVyc2lvblJlcXVlc3QiIgoPVmVyc2lvblJlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkiGQoXTGlzdEVudmlyb25tZW50c1JlcXVlc3QiKQoYTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEg0KBW5hbWVzGAEgAygJIiQKEExpc3RUb29sc1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkioAEKEUxpc3RUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIiUKEUxpc3RTcGxpdHNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJIjMKEkxpc3RTcGxpdHNSZXNwb25zZRIdCgZzcGxpdHMYASADKAsyDS5vcnMudjEuU3BsaXQiMwoQTGlzdFRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSJCChFMaXN0VGFza3NSZXNwb25zZRIbCgV0YXNrcxgBIAMoCzIMLm9ycy52MS5UYXNrEhAKCGVudl9uYW1lGAIgASgJIjIKD051bVRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSIlChBOdW1UYXNrc1Jlc3BvbnNlEhEKCW51bV90YXNrcxgBIAEoAyJACg5HZXRUYXNrUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCRINCgVpbmRleBgDIAEoAyItCg9HZXRUYXNrUmVzcG9uc2USGgoEdGFzaxgBIAEoCzIMLm9ycy52MS5UYXNrInAKE0dldFRhc2tSYW5nZVJlcXVlc3QSEAoIZW52X25hbWUYASABKAkSDQoFc3BsaXQYAiABKAkSEgoFc3RhcnQYAyABKANIAIgBARIRCgRzdG9wGAQgASgDSAGIAQFCCAoGX3N0YXJ0QgcKBV9zdG9wIjMKFEdldFRhc2tSYW5nZVJlc3BvbnNlEhsKBXRhc2tzGAEgAygLMgwub3JzLnYxLlRhc2siGAoWQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdCItChdDcmVhdGVTZXNzaW9uSWRSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIikKCVRhc2tJbmRleBINCgVzcGxpdBgBIAEoCRINCgVpbmRleBgCIAEoAyK0AgoUQ3JlYXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghlbnZfbmFtZRgCIAEoCRImCgl0YXNrX3NwZWMYAyABKAsyES5vcnMudjEuSnNvblZhbHVlSAASJwoKdGFza19pbmRleBgEIAEoCzIRLm9ycy52MS5UYXNrSW5kZXhIABI6CgdzZWNyZXRzGAUgAygLMikub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0LlNlY3JldHNFbnRyeRIZCgx0b29sc2V0X25hbWUYBiABKAlIAYgBARouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUINCgt0YXNrX3NvdXJjZUIPCg1fdG9vbHNldF9uYW1lIisKFUNyZWF0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiYKEEdldFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIyChFHZXRQcm9tcHRSZXNwb25zZRIdCgZibG9ja3MYASADKAsyDS5vcnMudjEuQmxvY2siKgoUTGlzdFRhc2tUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSKkAQoVTGlzdFRhc2tUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIl4KD0NhbGxUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEh4KBGNhbGwYAiABKAsyEC5vcnMudjEuVG9vbENhbGwSFwoPaWRlbXBvdGVuY3lfa2V5GAMgASgJIh4KC1Rvb2xGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkifwoQQ2FsbFRvb2xSZXNwb25zZRIRCgd0YXNrX2lkGAEgASgJSAASJwoGcmVzdWx0GAIgASgLMhUub3JzLnYxLlJ1blRvb2xSZXN1bHRIABImCgdmYWlsdXJlGAMgASgLMhMub3JzLnYxLlRvb2xGYWlsdXJlSABCBwoFZXZlbnQiIQoLUGluZ1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIeCgxQaW5nUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJIioKFERlbGV0ZUVwaXNvZGVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiKwoVRGVsZXRlRXBpc29kZVJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAkiLAoWRGVsZXRlU2Vzc2lvbklkUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIi0KF0RlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAki8gIKEVJ1bkVwaXNvZGVSZXF1ZXN0Ei4KBmNyZWF0ZRgBIAEoCzIcLm9ycy52MS5DcmVhdGVFcGlzb2RlUmVxdWVzdEgAEi4KCmdldF9wcm9tcHQYAiABKAsyGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdEgAEjcKD2xpc3RfdGFza190b29scxgDIAEoCzIcLm9ycy52MS5MaXN0VGFza1Rvb2xzUmVxdWVzdEgAEikKCWNhbGxfdG9vbBgEIAEoCzIULm9ycy52MS5Ub29sQ2FsbFN0ZXBIABIuCgZkZWxldGUYBSABKAsyHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3RIABIyCgxnZXRfbWVzc2FnZXMYCiABKAsyGi5vcnMudjEuR2V0TWVzc2FnZXNSZXF1ZXN0SAASLQoLc2NvcmVfZ3JvdXAYCyABKAsyFi5vcnMudjEuU2NvcmVHcm91cFN0ZXBIAEIGCgRzdGVwIk8KDFRvb2xDYWxsU3RlcBIMCgRuYW1lGAEgASgJEiAKBWlucHV0GAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZRIPCgd0YXNrX2lkGAMgASgJIqQDChJSdW5FcGlzb2RlUmVzcG9uc2USLwoGY3JlYXRlGAEgASgLMh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZUgAEi8KCmdldF9wcm9tcHQYAiABKAsyGS5vcnMudjEuR2V0UHJvbXB0UmVzcG9uc2VIABI4Cg9saXN0X3Rhc2tfdG9vbHMYAyABKAsyHS5vcnMudjEuTGlzdFRhc2tUb29sc1Jlc3BvbnNlSAASLQoJY2FsbF90b29sGAQgASgLMhgub3JzLnYxLkNhbGxUb29sUmVzcG9uc2VIABIvCgZkZWxldGUYBiABKAsyHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlSAASIgoFZXJyb3IYBSABKAsyES5vcnMudjEuU3RlcEVycm9ySAASMwoMZ2V0X21lc3NhZ2VzGAogASgLMhsub3JzLnYxLkdldE1lc3NhZ2VzUmVzcG9uc2VIABIxCgtzY29yZV9ncm91cBgLIAEoCzIaLm9ycy52MS5TY29yZUdyb3VwUmVzcG9uc2VIAEIGCgRzdGVwIk8KCVN0ZXBFcnJvchIMCgRjb2RlGAEgASgFEiMKBnJlYXNvbhgCIAEoDjITLm9ycy52MS5FcnJvclJlYXNvbhIPCgdtZXNzYWdlGAMgASgJIt8BChZQcmVwYXJlRXBpc29kZXNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEiUKCnRhc2tfc3BlY3MYAiADKAsyES5vcnMudjEuSnNvblZhbHVlEg0KBXNwbGl0GAMgASgJEg8KB2luZGljZXMYBCADKAMSPAoHc2VjcmV0cxgFIAMoCzIrLm9ycy52MS5QcmVwYXJlRXBpc29kZXNSZXF1ZXN0LlNlY3JldHNFbnRyeRouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJBChdQcmVwYXJlRXBpc29kZXNSZXNwb25zZRIRCglwcmVwYXJpbmcYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAEiKAoSR2V0TWVzc2FnZXNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiOAoTR2V0TWVzc2FnZXNSZXNwb25zZRIhCghtZXNzYWdlcxgBIAMoCzIPLm9ycy52MS5NZXNzYWdlImQKEVNjb3JlR3JvdXBSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSKgoKY2FuZGlkYXRlcxgCIAMoCzIWLm9ycy52MS5Hcm91cENhbmRpZGF0ZRIPCgd0YXNrX2lkGAMgASgJIjYKEFNjb3JlR3JvdXBSZXN1bHQSIgoGc2NvcmVzGAEgAygLMhIub3JzLnYxLkdyb3VwU2NvcmUiJAoRU2NvcmVHcm91cEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSKKAQoSU2NvcmVHcm91cFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABIqCgZyZXN1bHQYAiABKAsyGC5vcnMudjEuU2NvcmVHcm91cFJlc3VsdEgAEiwKB2ZhaWx1cmUYAyABKAsyGS5vcnMudjEuU2NvcmVHcm91cEZhaWx1cmVIAEIHCgVldmVudCJNCg5TY29yZUdyb3VwU3RlcBIqCgpjYW5kaWRhdGVzGAEgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAiABKAky4wsKEkVudmlyb25tZW50U2VydmljZRI3CgZIZWFsdGgSFS5vcnMudjEuSGVhbHRoUmVxdWVzdBoWLm9ycy52MS5IZWFsdGhSZXNwb25zZRI6CgdWZXJzaW9uEhYub3JzLnYxLlZlcnNpb25SZXF1ZXN0Ghcub3JzLnYxLlZlcnNpb25SZXNwb25zZRJVChBMaXN0RW52aXJvbm1lbnRzEh8ub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXF1ZXN0GiAub3JzLnYxLkxpc3RFbnZpcm9ubWVudHNSZXNwb25zZRJACglMaXN0VG9vbHMSGC5vcnMudjEuTGlzdFRvb2xzUmVxdWVzdBoZLm9ycy52MS5MaXN0VG9vbHNSZXNwb25zZRJDCgpMaXN0U3BsaXRzEhkub3JzLnYxLkxpc3RTcGxpdHNSZXF1ZXN0Ghoub3JzLnYxLkxpc3RTcGxpdHNSZXNwb25zZRJACglMaXN0VGFza3MSGC5vcnMudjEuTGlzdFRhc2tzUmVxdWVzdBoZLm9ycy52MS5MaXN0VGFza3NSZXNwb25zZRI9CghOdW1UYXNrcxIXLm9ycy52MS5OdW1UYXNrc1JlcXVlc3QaGC5vcnMudjEuTnVtVGFza3NSZXNwb25zZRI6CgdHZXRUYXNrEhYub3JzLnYxLkdldFRhc2tSZXF1ZXN0Ghcub3JzLnYxLkdldFRhc2tSZXNwb25zZRJJCgxHZXRUYXNrUmFuZ2USGy5vcnMudjEuR2V0VGFza1JhbmdlUmVxdWVzdBocLm9ycy52MS5HZXRUYXNrUmFuZ2VSZXNwb25zZRJSCg9DcmVhdGVTZXNzaW9uSWQSHi5vcnMudjEuQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdBofLm9ycy52MS5DcmVhdGVTZXNzaW9uSWRSZXNwb25zZRJMCg1DcmVhdGVFcGlzb2RlEhwub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0Gh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZRJACglHZXRQcm9tcHQSGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdBoZLm9ycy52MS5HZXRQcm9tcHRSZXNwb25zZRJMCg1MaXN0VGFza1Rvb2xzEhwub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXF1ZXN0Gh0ub3JzLnYxLkxpc3RUYXNrVG9vbHNSZXNwb25zZRI/CghDYWxsVG9vbBIXLm9ycy52MS5DYWxsVG9vbFJlcXVlc3QaGC5vcnMudjEuQ2FsbFRvb2xSZXNwb25zZTABEjEKBFBpbmcSEy5vcnMudjEuUGluZ1JlcXVlc3QaFC5vcnMudjEuUGluZ1Jlc3BvbnNlEkwKDURlbGV0ZUVwaXNvZGUSHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3QaHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlElIKD0RlbGV0ZVNlc3Npb25JZBIeLm9ycy52MS5EZWxldGVTZXNzaW9uSWRSZXF1ZXN0Gh8ub3JzLnYxLkRlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEkcKClJ1bkVwaXNvZGUSGS5vcnMudjEuUnVuRXBpc29kZVJlcXVlc3QaGi5vcnMudjEuUnVuRXBpc29kZVJlc3BvbnNlKAEwARJGCgtHZXRNZXNzYWdlcxIaLm9ycy52MS5HZXRNZXNzYWdlc1JlcXVlc3QaGy5vcnMudjEuR2V0TWVzc2FnZXNSZXNwb25zZRJFCgpTY29yZUdyb3VwEhkub3JzLnYxLlNjb3JlR3JvdXBSZXF1ZXN0Ghoub3JzLnYxLlNjb3JlR3JvdXBSZXNwb25zZTABElIKD1ByZXBhcmVFcGlzb2RlcxIeLm9ycy52MS5QcmVwYXJlRXBpc29kZXNSZXF1ZXN0Gh8ub3JzLnYxLlByZXBhcmVFcGlzb2Rlc1Jlc3BvbnNlQsQBChxpby5vcGVucmV3YXJkc3RhbmRhcmQub3JzLnYxQhdFbnZpcm9ubWVudFNlcnZpY2VQcm90b1ABWi1vcGVucmV3YXJkc3RhbmRhcmQuaW8vb3JzL2dlbi9nby9vcnMvdjE7b3JzdjGiAgNPUlOqAhlPcGVuUmV3YXJkU3RhbmRhcmQuT3JzLlYxygIZT3BlblJld2FyZFN0YW5kYXJkXE9yc1xWMeoCG09wZW5SZXdhcmRTdGFuZGFyZDo6T3JzOjpWMWIGcHJvdG8z", [file_ors_v1_errors, file_ors_v1_types]);
 
 /**
  * Request of Health.
@@ -747,6 +747,21 @@ export type CallToolRequest = Message<"ors.v1.CallToolRequest"> & {
    * @generated from field: ors.v1.ToolCall call = 2;
    */
   call?: ToolCall | undefined;
+
+  /**
+   * Makes the call idempotent: the call runs under this task id, chosen by
+   * the client (1 to 128 characters, scoped to the session), and a request
+   * with the same key attaches to that call instead of running the tool
+   * again, whether the first request's stream broke before or after the
+   * task id was sent, while the call's result is kept (see CallTool). The
+   * same key with another tool or input fails with
+   * ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with
+   * `call.task_id`. The HTTP bridge fills it from the `Idempotency-Key`
+   * header of `/call`.
+   *
+   * @generated from field: string idempotency_key = 3;
+   */
+  idempotencyKey: string;
 };
 
 /**
@@ -1000,6 +1015,12 @@ export type RunEpisodeRequest = Message<"ors.v1.RunEpisodeRequest"> & {
   } | {
     /**
      * Ends the episode, as DeleteEpisode (which also releases the session id).
+     * The name is a C++ keyword: C++ code generated from this file calls it
+     * `delete_()` (`mutable_delete_()`, `has_delete_()`); other languages
+     * keep `delete` (Python `request.delete`). Kept for compatibility.
+     * Numbers: `delete` is 5 here but 6 in RunEpisodeResponse, where 5 is
+     * `error`; match steps to answers by field name, never by number.
+     * Steps added later use the same number in both oneofs.
      *
      * @generated from field: ors.v1.DeleteEpisodeRequest delete = 5;
      */
@@ -1117,7 +1138,8 @@ export type RunEpisodeResponse = Message<"ors.v1.RunEpisodeResponse"> & {
     case: "callTool";
   } | {
     /**
-     * The episode was deleted.
+     * The episode was deleted. Number 6, not the request's 5 (see
+     * RunEpisodeRequest.delete); C++ calls it `delete_()`.
      *
      * @generated from field: ors.v1.DeleteEpisodeResponse delete = 6;
      */
@@ -1125,7 +1147,9 @@ export type RunEpisodeResponse = Message<"ors.v1.RunEpisodeResponse"> & {
     case: "delete";
   } | {
     /**
-     * The step failed, as the matching RPC would have with an error status.
+     * The step failed, as the matching RPC would have with an error status
+     * (including an answer over the message limit:
+     * ERROR_REASON_MESSAGE_TOO_LARGE; the stream goes on).
      *
      * @generated from field: ors.v1.StepError error = 5;
      */
@@ -1195,6 +1219,89 @@ export const StepErrorSchema: GenMessage<StepError> = /*@__PURE__*/
   messageDesc(file_ors_v1_environment_service, 39);
 
 /**
+ * Request of PrepareEpisodes. Give the tasks as `task_specs` or as `split`
+ * and `indices`, not both; each entry prepares one episode (repeat a task to
+ * prepare several episodes of it).
+ *
+ * @generated from message ors.v1.PrepareEpisodesRequest
+ */
+export type PrepareEpisodesRequest = Message<"ors.v1.PrepareEpisodesRequest"> & {
+  /**
+   * The environment's name (case-insensitive); empty means the default (the
+   * first registered) environment.
+   *
+   * @generated from field: string env_name = 1;
+   */
+  envName: string;
+
+  /**
+   * The tasks, as task specs (JSON objects).
+   *
+   * @generated from field: repeated ors.v1.JsonValue task_specs = 2;
+   */
+  taskSpecs: JsonValue[];
+
+  /**
+   * The split of `indices`.
+   *
+   * @generated from field: string split = 3;
+   */
+  split: string;
+
+  /**
+   * The tasks, as indices in `split`.
+   *
+   * @generated from field: repeated int64 indices = 4;
+   */
+  indices: bigint[];
+
+  /**
+   * Secrets passed to the environments' constructors (name to value), as in
+   * CreateEpisodeRequest; a creation must carry exactly these to claim one
+   * of the episodes. Never logged, echoed or persisted.
+   *
+   * @generated from field: map<string, string> secrets = 5;
+   */
+  secrets: { [key: string]: string };
+};
+
+/**
+ * Describes the message ors.v1.PrepareEpisodesRequest.
+ * Use `create(PrepareEpisodesRequestSchema)` to create a new message.
+ */
+export const PrepareEpisodesRequestSchema: GenMessage<PrepareEpisodesRequest> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 40);
+
+/**
+ * Response of PrepareEpisodes.
+ *
+ * @generated from message ors.v1.PrepareEpisodesResponse
+ */
+export type PrepareEpisodesResponse = Message<"ors.v1.PrepareEpisodesResponse"> & {
+  /**
+   * How many episodes this request started to prepare (one per task given).
+   *
+   * @generated from field: int64 preparing = 1;
+   */
+  preparing: bigint;
+
+  /**
+   * Seconds a prepared episode is held, once its setup ended, before it is
+   * torn down unclaimed.
+   *
+   * @generated from field: double ttl_seconds = 2;
+   */
+  ttlSeconds: number;
+};
+
+/**
+ * Describes the message ors.v1.PrepareEpisodesResponse.
+ * Use `create(PrepareEpisodesResponseSchema)` to create a new message.
+ */
+export const PrepareEpisodesResponseSchema: GenMessage<PrepareEpisodesResponse> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 41);
+
+/**
  * Request of GetMessages.
  *
  * @generated from message ors.v1.GetMessagesRequest
@@ -1213,7 +1320,7 @@ export type GetMessagesRequest = Message<"ors.v1.GetMessagesRequest"> & {
  * Use `create(GetMessagesRequestSchema)` to create a new message.
  */
 export const GetMessagesRequestSchema: GenMessage<GetMessagesRequest> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 40);
+  messageDesc(file_ors_v1_environment_service, 42);
 
 /**
  * Response of GetMessages.
@@ -1234,7 +1341,7 @@ export type GetMessagesResponse = Message<"ors.v1.GetMessagesResponse"> & {
  * Use `create(GetMessagesResponseSchema)` to create a new message.
  */
 export const GetMessagesResponseSchema: GenMessage<GetMessagesResponse> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 41);
+  messageDesc(file_ors_v1_environment_service, 43);
 
 /**
  * Request of ScoreGroup.
@@ -1270,7 +1377,7 @@ export type ScoreGroupRequest = Message<"ors.v1.ScoreGroupRequest"> & {
  * Use `create(ScoreGroupRequestSchema)` to create a new message.
  */
 export const ScoreGroupRequestSchema: GenMessage<ScoreGroupRequest> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 42);
+  messageDesc(file_ors_v1_environment_service, 44);
 
 /**
  * The scores of a group, one per candidate, in the candidates' order. JSON
@@ -1292,7 +1399,7 @@ export type ScoreGroupResult = Message<"ors.v1.ScoreGroupResult"> & {
  * Use `create(ScoreGroupResultSchema)` to create a new message.
  */
 export const ScoreGroupResultSchema: GenMessage<ScoreGroupResult> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 43);
+  messageDesc(file_ors_v1_environment_service, 45);
 
 /**
  * The environment's `score_group` raised, or returned a number of scores
@@ -1314,7 +1421,7 @@ export type ScoreGroupFailure = Message<"ors.v1.ScoreGroupFailure"> & {
  * Use `create(ScoreGroupFailureSchema)` to create a new message.
  */
 export const ScoreGroupFailureSchema: GenMessage<ScoreGroupFailure> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 44);
+  messageDesc(file_ors_v1_environment_service, 46);
 
 /**
  * One event of a ScoreGroup stream.
@@ -1359,7 +1466,7 @@ export type ScoreGroupResponse = Message<"ors.v1.ScoreGroupResponse"> & {
  * Use `create(ScoreGroupResponseSchema)` to create a new message.
  */
 export const ScoreGroupResponseSchema: GenMessage<ScoreGroupResponse> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 45);
+  messageDesc(file_ors_v1_environment_service, 47);
 
 /**
  * A group scoring made as a RunEpisode step.
@@ -1390,7 +1497,7 @@ export type ScoreGroupStep = Message<"ors.v1.ScoreGroupStep"> & {
  * Use `create(ScoreGroupStepSchema)` to create a new message.
  */
 export const ScoreGroupStepSchema: GenMessage<ScoreGroupStep> = /*@__PURE__*/
-  messageDesc(file_ors_v1_environment_service, 46);
+  messageDesc(file_ors_v1_environment_service, 48);
 
 /**
  * Hosts ORS environments and owns every episode session.
@@ -1399,18 +1506,34 @@ export const ScoreGroupStepSchema: GenMessage<ScoreGroupStep> = /*@__PURE__*/
  * Ping, DeleteEpisode, DeleteSessionId, GetMessages, ScoreGroup) carry the session id in their
  * request; clients also send it as the metadata entry `x-session-id`, so that
  * a load balancer can route all of a session's calls to the backend that
- * holds it. When the request field is empty the metadata entry is used.
+ * holds it. When the request field is empty the metadata entry is used; when
+ * both are set they must name the same session, or the episode's RunEpisode
+ * stream key (see RunEpisode), else the call fails with INVALID_ARGUMENT
+ * (ERROR_REASON_SESSION_ID_MISMATCH).
  *
  * When the server is configured with an API key, every RPC requires the
- * metadata entry `x-api-key` (UNAUTHENTICATED otherwise); the standard
- * `grpc.health.v1.Health` service does not. Failed RPCs carry an
- * `ors-error-reason` trailing metadata entry (see ErrorReason).
+ * metadata entry `x-api-key` (UNAUTHENTICATED otherwise), except health
+ * checks: this service's Health RPC and the standard `grpc.health.v1.Health`
+ * service answer without it. Failed RPCs carry an `ors-error-reason`
+ * trailing metadata entry and a `grpc-status-details-bin` rich error (see
+ * ErrorReason).
+ *
+ * Message sizes: the server receives and sends messages up to its limit
+ * (`--max-message-bytes`, 32 MiB by default). gRPC clients receive at most
+ * 4 MiB by default, while tool results (images, long outputs) and task lists
+ * may be larger: set the channel's maximum receive size to the server's limit
+ * (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
+ * `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
+ * Node `grpc.max_receive_message_length`). A request over the server's limit
+ * fails with RESOURCE_EXHAUSTED; an answer over it fails with
+ * RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
+ * after its `task_id` event).
  *
  * @generated from service ors.v1.EnvironmentService
  */
 export const EnvironmentService: GenService<{
   /**
-   * Reports that the server is up.
+   * Reports that the server is up. Needs no `x-api-key`.
    *
    * @generated from rpc ors.v1.EnvironmentService.Health
    */
@@ -1651,6 +1774,29 @@ export const EnvironmentService: GenService<{
     methodKind: "server_streaming";
     input: typeof ScoreGroupRequestSchema;
     output: typeof ScoreGroupResponseSchema;
+  },
+  /**
+   * Prepares episodes ahead (an extension of ORS): for each given task the
+   * server constructs the environment and runs `setup()` in the background,
+   * without a session. A later episode creation (CreateEpisode, a RunEpisode
+   * `create` step, HTTP `/create`) for the same environment and the same
+   * task (compared as canonical JSON: keys sorted) claims one of them at
+   * once, ready or still setting up, instead of starting a setup of its own;
+   * with none to claim it behaves as always. A prepared episode is claimed
+   * only by a creation with exactly the same secrets and the same
+   * `x-api-key` metadata (compared as keyed hashes, never logged). A setup
+   * that failed is reported when the episode is claimed, as the failure of a
+   * normal setup is. Prepared episodes count toward the server's session
+   * limit (TOO_MANY_SESSIONS when they do not all fit: none is prepared
+   * then); one not claimed within the server's warm TTL after its setup
+   * ended is torn down with `teardown()`.
+   *
+   * @generated from rpc ors.v1.EnvironmentService.PrepareEpisodes
+   */
+  prepareEpisodes: {
+    methodKind: "unary";
+    input: typeof PrepareEpisodesRequestSchema;
+    output: typeof PrepareEpisodesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_ors_v1_environment_service, 0);

@@ -11,16 +11,21 @@ import { enumDesc, fileDesc } from "@bufbuild/protobuf/codegenv2";
  * Describes the file ors/v1/errors.proto.
  */
 export const file_ors_v1_errors: GenFile = /*@__PURE__*/
-  fileDesc("ChNvcnMvdjEvZXJyb3JzLnByb3RvEgZvcnMudjEqugQKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEiAKHEVSUk9SX1JFQVNPTl9JTlZBTElEX1JFUVVFU1QQARIkCiBFUlJPUl9SRUFTT05fVU5LTk9XTl9FTlZJUk9OTUVOVBACEh4KGkVSUk9SX1JFQVNPTl9JTlZBTElEX1NQTElUEAMSHgoaRVJST1JfUkVBU09OX0lOVkFMSURfSU5ERVgQBBIkCiBFUlJPUl9SRUFTT05fTElTVElOR19VTlNVUFBPUlRFRBAFEh8KG0VSUk9SX1JFQVNPTl9TRVNTSU9OX0VYSVNUUxAGEiIKHkVSUk9SX1JFQVNPTl9TRVNTSU9OX05PVF9GT1VORBAHEiAKHEVSUk9SX1JFQVNPTl9TRVNTSU9OX0RFTEVURUQQCBIdChlFUlJPUl9SRUFTT05fU0VUVVBfRkFJTEVEEAkSIAocRVJST1JfUkVBU09OX1VOS05PV05fVEFTS19JRBAKEiIKHkVSUk9SX1JFQVNPTl9UT09fTUFOWV9TRVNTSU9OUxALEiAKHEVSUk9SX1JFQVNPTl9VTkFVVEhFTlRJQ0FURUQQDBIoCiRFUlJPUl9SRUFTT05fU0NPUkVfR1JPVVBfVU5TVVBQT1JURUQQDRIgChxFUlJPUl9SRUFTT05fVU5LTk9XTl9UT09MU0VUEA4SJQohRVJST1JfUkVBU09OX0VOVklST05NRU5UX1NUQVJUSU5HEA9iBnByb3RvMw");
+  fileDesc("ChNvcnMvdjEvZXJyb3JzLnByb3RvEgZvcnMudjEq0QUKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEiAKHEVSUk9SX1JFQVNPTl9JTlZBTElEX1JFUVVFU1QQARIkCiBFUlJPUl9SRUFTT05fVU5LTk9XTl9FTlZJUk9OTUVOVBACEh4KGkVSUk9SX1JFQVNPTl9JTlZBTElEX1NQTElUEAMSHgoaRVJST1JfUkVBU09OX0lOVkFMSURfSU5ERVgQBBIkCiBFUlJPUl9SRUFTT05fTElTVElOR19VTlNVUFBPUlRFRBAFEh8KG0VSUk9SX1JFQVNPTl9TRVNTSU9OX0VYSVNUUxAGEiIKHkVSUk9SX1JFQVNPTl9TRVNTSU9OX05PVF9GT1VORBAHEiAKHEVSUk9SX1JFQVNPTl9TRVNTSU9OX0RFTEVURUQQCBIdChlFUlJPUl9SRUFTT05fU0VUVVBfRkFJTEVEEAkSIAocRVJST1JfUkVBU09OX1VOS05PV05fVEFTS19JRBAKEiIKHkVSUk9SX1JFQVNPTl9UT09fTUFOWV9TRVNTSU9OUxALEiAKHEVSUk9SX1JFQVNPTl9VTkFVVEhFTlRJQ0FURUQQDBIoCiRFUlJPUl9SRUFTT05fU0NPUkVfR1JPVVBfVU5TVVBQT1JURUQQDRIgChxFUlJPUl9SRUFTT05fVU5LTk9XTl9UT09MU0VUEA4SJQohRVJST1JfUkVBU09OX0VOVklST05NRU5UX1NUQVJUSU5HEA8SIgoeRVJST1JfUkVBU09OX0VOVklST05NRU5UX0VSUk9SEBQSIgoeRVJST1JfUkVBU09OX01FU1NBR0VfVE9PX0xBUkdFEBUSJAogRVJST1JfUkVBU09OX1NFU1NJT05fSURfTUlTTUFUQ0gQFhInCiNFUlJPUl9SRUFTT05fSURFTVBPVEVOQ1lfS0VZX1JFVVNFRBAeQrgBChxpby5vcGVucmV3YXJkc3RhbmRhcmQub3JzLnYxQgtFcnJvcnNQcm90b1ABWi1vcGVucmV3YXJkc3RhbmRhcmQuaW8vb3JzL2dlbi9nby9vcnMvdjE7b3JzdjGiAgNPUlOqAhlPcGVuUmV3YXJkU3RhbmRhcmQuT3JzLlYxygIZT3BlblJld2FyZFN0YW5kYXJkXE9yc1xWMeoCG09wZW5SZXdhcmRTdGFuZGFyZDo6T3JzOjpWMWIGcHJvdG8z");
 
 /**
  * Why an RPC failed, beyond its gRPC status code.
  *
  * The service sends the reason's name (for example `ERROR_REASON_SESSION_DELETED`) as the
  * trailing metadata entry `ors-error-reason` with every error status it
- * returns on purpose. Clients may branch on it; the HTTP bridge uses it to
- * pick the ORS HTTP status (a gRPC code alone cannot tell 404 from 410).
- * The status message is human-readable and reaches end users.
+ * returns on purpose, and the same error in the standard rich error model:
+ * a `google.rpc.Status` (code, message, and one `google.rpc.ErrorInfo` with
+ * `reason` the reason's name, `domain` "ors.v1", and `metadata` such as
+ * `retry_after_s` or `limit_bytes`) serialized in the `grpc-status-details-bin`
+ * trailer, which generic gRPC tooling reads. Clients may branch on it; the
+ * HTTP bridge uses it to pick the ORS HTTP status (a gRPC code alone cannot
+ * tell 404 from 410). The status message is human-readable and reaches end
+ * users.
  *
  * @generated from enum ors.v1.ErrorReason
  */
@@ -146,6 +151,47 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_ENVIRONMENT_STARTING = 15;
    */
   ENVIRONMENT_STARTING = 15,
+
+  /**
+   * The environment's own code raised outside a tool (for example
+   * `get_prompt`, `list_task_tools`, `num_tasks` or `get_task`), or returned
+   * something that cannot be sent; the message names the exception type and
+   * its (secret-masked) message. INTERNAL (HTTP 500). A tool that raises is
+   * not this: its call ends with a `failure` event.
+   *
+   * @generated from enum value: ERROR_REASON_ENVIRONMENT_ERROR = 20;
+   */
+  ENVIRONMENT_ERROR = 20,
+
+  /**
+   * The answer is larger than the server's message limit
+   * (`--max-message-bytes`, 32 MiB by default); ErrorInfo metadata
+   * `size_bytes` and `limit_bytes` say by how much. RESOURCE_EXHAUSTED
+   * (HTTP 500: not the client's fault, and retrying does not help). A
+   * request over the limit is refused by gRPC itself, with
+   * RESOURCE_EXHAUSTED and no reason (HTTP 413 on the bridge).
+   *
+   * @generated from enum value: ERROR_REASON_MESSAGE_TOO_LARGE = 21;
+   */
+  MESSAGE_TOO_LARGE = 21,
+
+  /**
+   * The request's `session_id` field and its `x-session-id` metadata name
+   * different sessions (a load balancer routing by the metadata would have
+   * sent the call to another session's backend). INVALID_ARGUMENT (HTTP 400).
+   *
+   * @generated from enum value: ERROR_REASON_SESSION_ID_MISMATCH = 22;
+   */
+  SESSION_ID_MISMATCH = 22,
+
+  /**
+   * The idempotency key (CallToolRequest `idempotency_key`, HTTP
+   * `Idempotency-Key`) already names a call of this session with another
+   * tool or input. INVALID_ARGUMENT.
+   *
+   * @generated from enum value: ERROR_REASON_IDEMPOTENCY_KEY_REUSED = 30;
+   */
+  IDEMPOTENCY_KEY_REUSED = 30,
 }
 
 /**
