@@ -21,6 +21,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from ors_grpc import TextBlock, ToolOutput, Toolset, tool
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.client import AsyncORSClient, ORSClient, ORSServerError
@@ -50,11 +51,12 @@ def metric(name: str, **labels: str) -> float:
 
 
 @contextlib.asynccontextmanager
-async def warm_server(**config: object) -> AsyncIterator[str]:
+async def warm_server(toolsets: tuple[type, ...] = (), **config: object) -> AsyncIterator[str]:
     """A server of the warm environments in this process; its target."""
     EVENTS.clear()
     server, port = await create_server(
-        [WarmEnv, FailingWarmEnv], "127.0.0.1:0", config=ServerConfig(**config)  # type: ignore[arg-type]
+        [WarmEnv, FailingWarmEnv], "127.0.0.1:0", config=ServerConfig(**config),  # type: ignore[arg-type]
+        toolsets=toolsets,
     )
     try:
         yield f"127.0.0.1:{port}"
@@ -124,6 +126,27 @@ async def test_another_task_other_secrets_or_another_api_key_do_not_claim():
         async with AsyncORSClient(target, api_key="key-two") as other_key:
             assert await prompt_of(other_key, {"tag": "a"}, {"TOKEN": "one"}) == "setup 5 of a"
         assert await prompt_of(client, {"tag": "a"}, {"TOKEN": "one"}) == "setup 1 of a"
+
+
+class ExtraTools(Toolset):
+    """A session toolset: an episode created with it is shaped differently from a prepared one."""
+
+    @tool
+    def extra(self) -> ToolOutput:
+        """A tool only sessions with this toolset have."""
+        return ToolOutput(blocks=[TextBlock(text="extra")])
+
+
+async def test_a_creation_with_a_toolset_does_not_claim_a_prepared_episode():
+    async with warm_server(toolsets=(ExtraTools,)) as target, AsyncORSClient(target) as client:
+        env = client.environment("warmenv")
+        await env.prepare([{"tag": "a"}])
+        await until(lambda: len(setups()) == 1, "the prepared setup")
+        async with env.session({"tag": "a"}, toolset="ExtraTools") as session:
+            assert (await session.get_prompt())[0].text == "setup 2 of a"
+            assert "extra" in [spec.name for spec in await session.list_tools()]
+        # Still held for a creation without the toolset.
+        assert await prompt_of(client, {"tag": "a"}) == "setup 1 of a"
 
 
 async def test_an_unclaimed_episode_is_torn_down_after_the_ttl():
