@@ -397,10 +397,12 @@ class AsyncSession:
         if stream is not None and await stream.delete_episode(_CLEANUP_TIMEOUT_S):
             self._connection.episode_streams.give_back(stream)
             return
-        for method, request in (
-            ("DeleteEpisode", pb.DeleteEpisodeRequest(session_id=session_id)),
-            ("DeleteSessionId", pb.DeleteSessionIdRequest(session_id=session_id)),
-        ):
+        steps = [("DeleteEpisode", pb.DeleteEpisodeRequest(session_id=session_id))]
+        if self._route_key in (None, session_id):
+            # Only an id minted by CreateSessionId is released. An episode made on
+            # a stream is reached by the stream's key only while it exists.
+            steps.append(("DeleteSessionId", pb.DeleteSessionIdRequest(session_id=session_id)))
+        for method, request in steps:
             try:
                 await self._connection.unary(method, request, route_key=self._route_key, timeout=_CLEANUP_TIMEOUT_S)
             except Exception as error:  # never mask the body's own exception
