@@ -4,7 +4,8 @@ Runs the client's own node:test suites against real servers: clients/typescript/
 (discovery, full episodes by RPC and on RunEpisode streams, reattach through a breaking proxy,
 API key, TLS) against one hosting EchoEnv, test/openrewardenv/ (messages, terminal tool,
 toolsets, group scoring) against one hosting OpenRewardEnv, test/gatedsetupenv/ (calls while
-the environment is still starting) against one hosting GatedSetupEnv; checks that the generated code
+the environment is still starting) against one hosting GatedSetupEnv, test/countingwarmenv/
+(warm episodes, exactly-once tool calls) against one hosting CountingWarmEnv; checks that the generated code
 (src/gen/) is what protoc-gen-es makes from proto/ now, and runs the example that README.md and
 docs/clients.md show.
 
@@ -26,6 +27,7 @@ import pytest
 
 from tests.servers import ServeProcess, start_serve
 from tests.tooling import NPM_CI_TIMEOUT_S, ensure_node_packages
+from tests.warm_environments import MARKER_DIR_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "clients" / "typescript"
@@ -122,6 +124,14 @@ def test_calls_while_the_environment_starts_are_asked_again(built: None, tmp_pat
         result = run_suites(serve, suites("gatedsetupenv"), **gate)
     assert result.returncode == 0, result.stdout + result.stderr
     assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") > 0, result.stdout
+
+
+def test_warm_episode_and_exactly_once_suites_pass(built: None, tmp_path: Path) -> None:
+    markers = {MARKER_DIR_VARIABLE: str(tmp_path)}  # the server records its setups there, the suite reads them
+    with start_serve("tests.counting_warm_env:CountingWarmEnv", env=markers) as serve:
+        result = run_suites(serve, suites("countingwarmenv"), **markers)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") > 4, result.stdout
 
 
 def test_client_suites_fail_against_a_server_without_echoenv(built: None) -> None:

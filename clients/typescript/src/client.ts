@@ -7,7 +7,7 @@ import { EpisodeStream } from "./episode_stream.js";
 import { rpc } from "./errors.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
 import { toToolListing, type ToolListing } from "./messages.js";
-import { taskSpec, toSplit, type JsonObject, type Split, type TaskSource, type ToolSpec } from "./types.js";
+import { jsonValue, taskSpec, toSplit, type JsonObject, type Split, type TaskSource, type ToolSpec } from "./types.js";
 
 /** A client of an ORS gRPC server (`ors.v1.EnvironmentService`). */
 export class ORSClient implements Disposable {
@@ -60,6 +60,19 @@ export class ORSClient implements Disposable {
   }
 }
 
+export interface PrepareOptions {
+  /** Secrets for the environments' constructors: a creation must carry exactly these to claim an episode. */
+  secrets?: Record<string, string>;
+}
+
+/** What `Environment.prepare` started. */
+export interface Prepared {
+  /** How many episodes are being prepared (one per task given). */
+  preparing: number;
+  /** Seconds a prepared episode is kept, once its setup ended, before it is torn down unclaimed. */
+  ttlSeconds: number;
+}
+
 /** Discovery and episodes of one environment. */
 export class Environment {
   /** Use `ORSClient.environment`. */
@@ -104,6 +117,24 @@ export class Environment {
   /** The shared tools, the terminal tool, group-scoring support and the block types messages may hold. */
   async toolListing(): Promise<ToolListing> {
     return toToolListing(await rpc(this.service.listTools({ envName: this.name })));
+  }
+
+  /**
+   * Has the server set up episodes ahead (warm episodes, an ORS extension;
+   * PrepareEpisodes): one per entry of `tasks` (task specs, or indices of a
+   * split; repeat a task for several episodes of it). A later episode of the
+   * same task (the same canonical JSON) with exactly the same `secrets` (and
+   * API key), by `createEpisode` or on a stream, claims one and need not wait
+   * for its setup. Resolves to how many are being prepared and for how long
+   * the server keeps one unclaimed once its setup ended.
+   */
+  async prepare(tasks: JsonObject[] | { split: string; indices: number[] }, options: PrepareOptions = {}): Promise<Prepared> {
+    const which = Array.isArray(tasks)
+      ? { taskSpecs: tasks.map(jsonValue) }
+      : { split: tasks.split, indices: tasks.indices.map((index) => BigInt(index)) };
+    const request = { envName: this.name, ...which, secrets: options.secrets ?? {} };
+    const { preparing, ttlSeconds } = await rpc(this.service.prepareEpisodes(request));
+    return { preparing: Number(preparing), ttlSeconds };
   }
 
   /**

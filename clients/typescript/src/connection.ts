@@ -51,6 +51,12 @@ export class Connection {
   readonly service: Client<typeof EnvironmentService>;
   readonly reattachAttempts: number;
   readonly startingRetryMs: number;
+  /**
+   * The server ran a CallTool under the idempotency key it was given (its
+   * task id was the key): a call whose stream breaks before its task id
+   * arrives may then be sent again with the same key, and runs once.
+   */
+  honoursIdempotencyKeys = false;
   private readonly sessions: Http2SessionManager;
 
   /** `target` is `host:port`, as for every gRPC client. */

@@ -27,7 +27,9 @@ export abstract class ORSEpisode implements AsyncDisposable {
    * unknown tool, bad input, episode finished; see its `reason`),
    * ToolFailedError (the tool raised) or ORSError (the RPC failed). A stream
    * that breaks while the tool runs is attached to again by task id, so the
-   * tool runs once.
+   * tool runs once; one that breaks before the task id came is sent again
+   * under the call's idempotency key once the server showed it honours keys
+   * (else it rejects: the tool may or may not have run).
    */
   abstract callTool(name: string, input?: JsonObject, options?: TaskOptions): Promise<ToolOutput>;
 

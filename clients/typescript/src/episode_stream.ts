@@ -6,7 +6,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code } from "@connectrpc/connect";
 import type { Connection } from "./connection.js";
 import { Episode, ORSEpisode } from "./episode.js";
-import { ORSError } from "./errors.js";
+import { ORSError, rpc } from "./errors.js";
 import type { RunEpisodeRequestSchema, RunEpisodeResponse } from "./gen/ors/v1/environment_service_pb.js";
 import { ErrorReason } from "./gen/ors/v1/errors_pb.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
@@ -117,6 +117,7 @@ export class EpisodeStream implements AsyncDisposable {
  */
 export class StreamEpisode extends ORSEpisode {
   private readonly byRpc: Episode;
+  private closed = false;
 
   /** Use `EpisodeStream.createEpisode`. */
   constructor(
@@ -158,12 +159,21 @@ export class StreamEpisode extends ORSEpisode {
     );
   }
 
-  /** The `delete` step (after which the stream may carry another episode). */
+  /**
+   * The `delete` step (after which the stream may carry another episode); once
+   * the stream broke, DeleteEpisode (what the step does: the episode's id was
+   * never minted by CreateSessionId). Safe to call twice.
+   */
   async close(): Promise<void> {
+    if (this.closed) return;
     await this.onStream(
       async () => void (await this.stream.step({ case: "delete", value: {} }, "delete")),
-      () => this.byRpc.close(),
+      async () => void (await rpc(this.service.deleteEpisode({ sessionId: this.sessionId }, this.routed()))),
     );
+    this.closed = true;
+    // The server takes the stream's key for an episode only while it exists:
+    // later calls name the deleted episode itself, and get SESSION_NOT_FOUND.
+    this.route.routeKey = this.route.sessionId;
   }
 
   protected fetchToolListing(): Promise<ToolListing> {

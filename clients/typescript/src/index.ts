@@ -2,6 +2,7 @@
 // and service (src/gen/, from proto/ by protoc-gen-es) on Connect's gRPC
 // transport, wrapped in an idiomatic API.
 export { ORSClient, Environment } from "./client.js";
+export type { PrepareOptions, Prepared } from "./client.js";
 export type { ORSClientOptions, TlsOptions } from "./connection.js";
 export { Episode, ORSEpisode } from "./episode.js";
 export { EpisodeStream, StreamEpisode } from "./episode_stream.js";

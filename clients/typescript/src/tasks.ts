@@ -1,7 +1,9 @@
 // Work with a task id (a tool call, a group scoring): a server stream that
 // sends the task id first, then the outcome. The work runs on regardless of
 // the stream, so a stream that broke once the task id was known is attached
-// to again by that id instead of starting the work twice.
+// to again by that id instead of starting the work twice; a tool call that
+// broke before is sent again under its idempotency key, when the server
+// honours keys.
 import { setTimeout as sleep } from "node:timers/promises";
 import { Code } from "@connectrpc/connect";
 import type { Connection } from "./connection.js";
@@ -32,6 +34,11 @@ export interface TaskRun<T, E extends TaskEvent> {
   attach(taskId: string, signal?: AbortSignal): AsyncIterable<E>;
   /** The outcome of the last event; throws for failures and refusals. */
   outcome(last: E["event"]): T;
+  /**
+   * The idempotency key `start` sends, if any: a server that honours keys
+   * runs the work under it as its task id, once however often it is sent.
+   */
+  key?: string;
 }
 
 /** The pause before try `attempt` + 1 of something that broke: 0.1 s, doubling, at most 2 s. */
@@ -85,15 +92,21 @@ export function runTask<T, E extends TaskEvent>(route: SessionRoute, run: TaskRu
 
 async function runTaskOnce<T, E extends TaskEvent>(route: SessionRoute, run: TaskRun<T, E>, options: TaskOptions): Promise<T> {
   let taskId: string | undefined;
+  const onTaskId = (id: string) => {
+    if (id === run.key) route.connection.honoursIdempotencyKeys = true;
+    if (taskId === undefined) options.onTaskId?.(id);
+    taskId = id;
+  };
   try {
-    return await readTask(run.start(options.signal), run, (id) => {
-      taskId = id;
-      options.onTaskId?.(id);
-    });
+    return await readTask(run.start(options.signal), run, onTaskId);
   } catch (error) {
-    // Before the task id arrived the work may or may not have started: not retried.
-    if (taskId === undefined || !isBreak(error, options.signal)) throw error;
-    return reattach(route, run, taskId, error, options.signal);
+    if (!isBreak(error, options.signal)) throw error;
+    if (taskId !== undefined) return reattach(route, run, taskId, error, options.signal);
+    // Before the task id came the work may or may not have started: it is
+    // sent again only under its idempotency key, to a server that showed it
+    // honours keys (it then runs once); otherwise the break is the answer.
+    if (run.key === undefined || !route.connection.honoursIdempotencyKeys) throw error;
+    return tryAgain(route, run, () => run.start(options.signal), error, options.signal, onTaskId);
   }
 }
 
@@ -112,12 +125,24 @@ export async function attachTask<T, E extends TaskEvent>(route: SessionRoute, ru
  * break, up to the connection's `reattachAttempts` times, backing off from
  * 0.1 s to 2 s between tries; rethrows the last break when attempts run out.
  */
-export async function reattach<T, E extends TaskEvent>(
+export function reattach<T, E extends TaskEvent>(
   route: SessionRoute,
   run: TaskRun<T, E>,
   taskId: string,
   broke: ORSError,
   signal?: AbortSignal,
+): Promise<T> {
+  return tryAgain(route, run, () => run.attach(taskId, signal), broke, signal);
+}
+
+/** Opens `events` again after each break, as `reattach` says; `onTaskId` hears the task id of each. */
+async function tryAgain<T, E extends TaskEvent>(
+  route: SessionRoute,
+  run: TaskRun<T, E>,
+  events: () => AsyncIterable<E>,
+  broke: ORSError,
+  signal?: AbortSignal,
+  onTaskId: (taskId: string) => void = () => {},
 ): Promise<T> {
   let lastBreak = broke;
   for (let attempt = 0; attempt < route.connection.reattachAttempts; attempt += 1) {
@@ -125,7 +150,7 @@ export async function reattach<T, E extends TaskEvent>(
       throw ORSError.from(error);
     });
     try {
-      return await readTask(run.attach(taskId, signal), run, () => {});
+      return await readTask(events(), run, onTaskId);
     } catch (error) {
       if (!isBreak(error, signal)) throw error;
       lastBreak = error;

@@ -1,5 +1,6 @@
 // The two kinds of work with a task id: tool calls (CallTool) and group
 // scorings (ScoreGroup), and how their outcomes read.
+import { randomUUID } from "node:crypto";
 import { Code } from "@connectrpc/connect";
 import { ORSError, ScoreGroupFailedError, ToolCallError, ToolFailedError } from "./errors.js";
 import type { CallToolResponse, ScoreGroupResponse } from "./gen/ors/v1/environment_service_pb.js";
@@ -8,11 +9,18 @@ import { candidateInit, refusalReason, toGroupScore, type GroupCandidate, type G
 import type { SessionRoute, TaskRun } from "./tasks.js";
 import { jsonValue, toToolOutput, type JsonObject, type ToolOutput } from "./types.js";
 
-/** A call of the tool `name` with `input` (for attaching, the name only labels errors). */
+/**
+ * A call of the tool `name` with `input` (for attaching, the name only labels
+ * errors), under an idempotency key of its own: however often it is sent, a
+ * server that honours keys runs it once.
+ */
 export function toolCall(route: SessionRoute, name: string, input: JsonObject = {}): TaskRun<ToolOutput, CallToolResponse> {
   const { connection, sessionId, routeKey } = route;
+  const key = randomUUID();
   return {
-    start: (signal) => connection.service.callTool({ sessionId, call: { name, input: jsonValue(input) } }, connection.routed(routeKey, signal)),
+    key,
+    start: (signal) =>
+      connection.service.callTool({ sessionId, call: { name, input: jsonValue(input) }, idempotencyKey: key }, connection.routed(routeKey, signal)),
     attach: (taskId, signal) => connection.service.callTool({ sessionId, call: { name, taskId } }, connection.routed(routeKey, signal)),
     outcome: (last) => toolOutcome(name, last),
   };
