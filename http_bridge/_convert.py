@@ -458,7 +458,9 @@ def _message_proto(message: MessageBody) -> types_pb2.Message:
     )
 
 
-def score_group_request(session_id: str, body: ScoreGroupBody) -> service_pb2.ScoreGroupRequest:
+def score_group_request(
+    session_id: str, body: ScoreGroupBody, idempotency_key: str = ""
+) -> service_pb2.ScoreGroupRequest:
     candidates = [
         types_pb2.GroupCandidate(
             messages=[_message_proto(message) for message in candidate.messages],
@@ -466,7 +468,9 @@ def score_group_request(session_id: str, body: ScoreGroupBody) -> service_pb2.Sc
         )
         for candidate in body.candidates
     ]
-    return service_pb2.ScoreGroupRequest(session_id=session_id, candidates=candidates, task_id=body.task_id or "")
+    return service_pb2.ScoreGroupRequest(
+        session_id=session_id, candidates=candidates, task_id=body.task_id or "", idempotency_key=idempotency_key
+    )
 
 
 # --------------------------------------------------------------------------

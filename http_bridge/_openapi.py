@@ -60,6 +60,17 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def _idempotency_key_header(what: str, instead_of: str, reused_for: str) -> dict[str, Any]:
+    """The `Idempotency-Key` header parameter of a task route (/call, /score_group)."""
+    return {
+        "name": "Idempotency-Key", "in": "header", "required": False,
+        "description": f"Extension: the {what}'s task id, so a retried POST with the same key attaches "
+                       f"to the first run instead of {instead_of} (422 when the key names {reused_for}).",
+        # The key is 1 to 128 characters; the draft's quotes come on top.
+        "schema": {"type": "string", "minLength": 1, "maxLength": 130},
+    }
+
+
 _NULLABLE_OBJECT = {"type": ["object", "null"]}
 _USER_OBJECT = {"type": "object", "description": "Environment-defined JSON, passed through losslessly."}
 
@@ -295,13 +306,8 @@ OPERATIONS: tuple[Operation, ...] = (
               description="Waits for setup; errors before the call starts (unknown session 404, deleted 410, "
                           "setup failed 500) are HTTP statuses, later ones are SSE `error` events.\n\n"
                           + SSE_GRAMMAR + "\n\nEvents:\n\n" + CALL_EVENTS,
-              extra={"parameters": [{
-                  "name": "Idempotency-Key", "in": "header", "required": False,
-                  "description": "Extension: the call's task id, so a retried POST with the same key attaches "
-                                 "to the first run instead of running the tool again (422 when the key names "
-                                 "another tool or input).",
-                  "schema": {"type": "string", "minLength": 1, "maxLength": 130},
-              }]}),
+              extra={"parameters": [_idempotency_key_header("call", "running the tool again",
+                                                             "another tool or input")]}),
     Operation("get", "/{env}/messages", "get_messages", "openreward: the prompt as messages", "episode",
               {"type": "array", "items": _ref("Message")}, session=True, errors=_SESSION_ERRORS,
               description="Waits for setup. An environment without `get_messages` answers its prompt as one "
@@ -310,7 +316,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "ScoreGroupOutput", body="ScoreGroupBody", session=True, errors=_SESSION_ERRORS + (422,), sse=True,
               description="SSE exactly as `/{env}/call` (task id, `chunk`*/`end` or `error`, keepalive, reattach "
                           "by `task_id`); the payload is one score per candidate. 404 before the stream when the "
-                          "environment does not implement `score_group`."),
+                          "environment does not implement `score_group`.",
+              extra={"parameters": [_idempotency_key_header("scoring", "scoring again",
+                                                             "other candidates, or a tool call")]}),
     Operation("post", "/{env}/prepare", "prepare_episodes", "Extension: set episodes up ahead (warm episodes)",
               "extensions", "Preparing", body="PrepareBody", errors=(400, 404, 429),
               description="Not in ORS. Each entry has the server construct the environment and run `setup()` "

@@ -338,8 +338,10 @@ async def score_group(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     session_id = _session_id(request)
     body = convert.parse_body(raw, convert.ScoreGroupBody)
+    # Exactly once, as for /call: the key becomes the scoring's task id.
+    key = convert.idempotency_key(request.headers.get("Idempotency-Key"))
     stream = _stub(request).ScoreGroup(
-        convert.score_group_request(session_id, body), metadata=call_metadata(request, session_id)
+        convert.score_group_request(session_id, body, key), metadata=call_metadata(request, session_id)
     )
     return await _task_events(request, stream, convert.score_group_result_json)
 

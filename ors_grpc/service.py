@@ -254,6 +254,20 @@ def _keyed_tool_call(session: Any, env: Environment, tool_call: Any, key: str) -
     )
 
 
+def _keyed_scoring(session: Any, env: Environment, request: pb.ScoreGroupRequest) -> Any:
+    """The scoring of idempotency key `request.idempotency_key`, as `_keyed_tool_call`:
+    started under it, or the one already started with the same candidates."""
+    if request.task_id:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                       "give either task_id (attach) or idempotency_key, not both")
+    candidates = _convert.group_candidates_from_proto(request.candidates)
+    sent = [candidate.model_dump(mode="json") for candidate in candidates]
+    return session.calls.run_once(
+        request.idempotency_key, call_fingerprint("score_group", "", sent),
+        lambda task_id: session.calls.start_scoring(env, candidates, task_id=task_id),
+    )
+
+
 async def _scoring_outcome_event(session: Any, call: Any) -> pb.ScoreGroupResponse:
     """Waits for a scoring to end: its scores, or its failure."""
     outcome = await call.outcome()
@@ -496,8 +510,10 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         return session, env
 
     async def _scoring(self, sid: str, request: pb.ScoreGroupRequest) -> tuple[Any, Any]:
-        """The session and its scoring: a new one, or the one of `task_id`."""
+        """The session and its scoring: a new one, the one of `task_id`, or the one of its idempotency key."""
         session, env = await self._scoring_session(sid)
+        if request.idempotency_key:
+            return session, _keyed_scoring(session, env, request)
         if request.task_id:
             return session, session.calls.attach(request.task_id, SCORE_GROUP)
         candidates = _convert.group_candidates_from_proto(request.candidates)

@@ -70,8 +70,9 @@ async def _at_once(outcome: CallOutcome) -> CallOutcome:
 
 
 def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
-    """What an idempotency key is bound to: the kind of call (`tool`, say),
-    its name and its input as canonical JSON (keys sorted), hashed."""
+    """What an idempotency key is bound to: the kind of call (`tool`,
+    `score_group`), its name (none for a scoring) and its input (a tool's
+    input, a scoring's candidates) as canonical JSON (keys sorted), hashed."""
     text = json.dumps([kind, name, tool_input], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -163,14 +164,15 @@ class SessionToolCalls:
         """The call of idempotency key `key`: the one already started under
         it (same fingerprint, else IDEMPOTENCY_KEY_REUSED), else a new one,
         `start(key)`, with `key` as its task id. Shared by every kind of call
-        that takes a key (CallTool; any other call started through `start`)."""
+        that takes a key (CallTool, ScoreGroup)."""
         call = self._calls.get(key)
         if call is None:
             call = start(key)
             call.fingerprint = fingerprint
         elif call.fingerprint != fingerprint:
             raise ORSError(errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED,
-                           "this idempotency key was already used for a call with another tool or input")
+                           "this idempotency key already names another call of this session "
+                           "(another tool, input or candidates)")
         return call
 
     def attach(self, task_id: str, kind: str = TOOL_CALL) -> ToolCallTask:

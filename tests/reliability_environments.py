@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ors_grpc import Environment, TextBlock, ToolOutput, tool
+from ors_grpc import Environment, GroupCandidate, TextBlock, ToolOutput, tool
 
 MARKER_DIR_VARIABLE = "ORS_TEST_MARKER_DIR"
 SECRET_NAME = "TOKEN"
@@ -153,3 +153,14 @@ class SizesEnv(ProbeEnv):
     def blob(self, params: SizeInput) -> ToolOutput:
         """A text block of `size` bytes."""
         return ToolOutput(blocks=[TextBlock(text="x" * params.size)])
+
+
+class ScoringProbeEnv(ProbeEnv):
+    """ProbeEnv with `score_group`, counted as the run `score_group`: each
+    scoring sleeps its candidates' largest `{"seconds": s}` metadata, then
+    scores every candidate with its run number."""
+
+    async def score_group(self, candidates: list[GroupCandidate]) -> list[float]:
+        run = self._count("score_group")
+        await asyncio.sleep(max(((c.metadata or {}).get("seconds", 0) for c in candidates), default=0))
+        return [float(run)] * len(candidates)

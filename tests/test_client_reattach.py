@@ -5,7 +5,7 @@ server. It forwards every RPC byte for byte and, when told to, breaks a
 CallTool stream (or the RunEpisode stream carrying a call_tool step) right
 after forwarding the call's task id while the tool is still running: the
 client sees the status a server-side break produces. The environment counts its tool runs, so the test can show that the
-tool ran exactly once and that the client got that run's result.
+tool ran exactly once and that the client got that run's result. ScoreGroup streams are forwarded and cut the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import grpc
 import pytest
 from pydantic import BaseModel
 
-from ors_grpc import TextBlock, ToolOutput, tool
+from ors_grpc import GroupScore, Message, TextBlock, ToolOutput, tool
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc.client import AsyncORSClient, ORSServerError
 from ors_grpc.server import ServerConfig, create_server
@@ -27,6 +27,7 @@ from tests.environments import EchoEnv
 pytestmark = pytest.mark.timeout(60)
 
 CALL_TOOL = "/ors.v1.EnvironmentService/CallTool"
+SCORE_GROUP = "/ors.v1.EnvironmentService/ScoreGroup"
 RUN_EPISODE = "/ors.v1.EnvironmentService/RunEpisode"
 TOOL_SECONDS = 1.0
 
@@ -40,6 +41,8 @@ class CountingEnv(EchoEnv):
 
     runs: ClassVar[list[int]] = []
     finished: ClassVar[list[int]] = []
+    #: How many group scorings ran.
+    scorings: ClassVar[list[int]] = []
 
     @tool
     async def slow_count(self, params: CountInput) -> ToolOutput:
@@ -49,6 +52,11 @@ class CountingEnv(EchoEnv):
         await asyncio.sleep(params.seconds)
         CountingEnv.finished.append(run)
         return ToolOutput(blocks=[TextBlock(text=f"run {run}")])
+
+    def score_group(self, candidates: list) -> list[float]:
+        """Scores every candidate with the scoring's run number."""
+        CountingEnv.scorings.append(len(CountingEnv.scorings) + 1)
+        return [float(len(CountingEnv.scorings))] * len(candidates)
 
 
 @dataclass
@@ -77,6 +85,8 @@ class BreakingProxy:
     break_creates: int = 0
     #: CallTool requests and RunEpisode call_tool steps, in order.
     call_requests: list[pb.CallToolRequest | pb.ToolCallStep] = field(default_factory=list)
+    #: ScoreGroup requests, in order (cut as CallTool streams are).
+    score_requests: list[pb.ScoreGroupRequest] = field(default_factory=list)
     #: (method name, x-session-id metadata or None) of every forwarded RPC.
     session_metadata: list[tuple[str, Optional[str]]] = field(default_factory=list)
     #: len(CountingEnv.finished) at each cut: 0 proves the tool was still running.
@@ -113,6 +123,8 @@ class BreakingProxy:
                 proxy.session_metadata.append((details.method.rsplit("/", 1)[-1], sent.get("x-session-id")))
                 if details.method == CALL_TOOL:
                     return grpc.unary_stream_rpc_method_handler(proxy._forward_call_tool)
+                if details.method == SCORE_GROUP:
+                    return grpc.unary_stream_rpc_method_handler(proxy._forward_score_group)
                 if details.method == RUN_EPISODE:
                     if proxy.without_run_episode:
                         return None  # grpc answers UNIMPLEMENTED
@@ -136,10 +148,21 @@ class BreakingProxy:
 
     async def _forward_call_tool(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         self.call_requests.append(pb.CallToolRequest.FromString(request))
+        async for event in self._forward_task_stream(CALL_TOOL, request, context):
+            yield event
+
+    async def _forward_score_group(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        self.score_requests.append(pb.ScoreGroupRequest.FromString(request))
+        async for event in self._forward_task_stream(SCORE_GROUP, request, context):
+            yield event
+
+    async def _forward_task_stream(
+        self, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         cut = self._take_cut()
         if cut is not None and cut.before_first_event:
             await context.abort(cut.code, "proxy broke the stream")
-        stream = self.upstream.unary_stream(CALL_TOOL)(request, metadata=_metadata(context))
+        stream = self.upstream.unary_stream(method)(request, metadata=_metadata(context))
         try:
             async for event in stream:
                 yield event
@@ -214,6 +237,7 @@ def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
 async def proxy() -> AsyncIterator[tuple[BreakingProxy, str]]:
     CountingEnv.runs.clear()
     CountingEnv.finished.clear()
+    CountingEnv.scorings.clear()
     server, port = await create_server([CountingEnv], "127.0.0.1:0", config=ServerConfig())
     upstream = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     breaking = BreakingProxy(upstream)
@@ -473,3 +497,28 @@ async def test_a_new_stream_that_broke_before_creating_is_retried_on_another_and
         assert refused.value.code == grpc.StatusCode.UNAVAILABLE
         assert breaking.break_creates == 100 - 5  # the first try and 4 more
         assert (await client.health()).open_sessions == 0
+
+
+async def test_a_scoring_broken_before_its_task_id_is_sent_again_with_its_key_once_the_server_honours_scoring_keys(
+    proxy,
+) -> None:
+    breaking, target = proxy
+    answer = [Message(role="assistant", blocks=[TextBlock(text="42")])]
+    async with AsyncORSClient(target, stream_episodes=False) as client:
+        async with client.environment("countingenv").session(split="train", index=0) as session:
+            # Keys honoured for tool calls say nothing of scorings: this one is not sent again.
+            await session.call_tool("slow_count", {"seconds": 0})
+            breaking.cut = Cut(before_first_event=True)
+            with pytest.raises(ORSServerError) as broken:
+                await session.score_group([answer])
+            assert broken.value.code == grpc.StatusCode.UNAVAILABLE
+            # This scoring shows that the server runs scorings under the client's key.
+            assert await session.score_group([answer]) == [GroupScore(reward=1.0)]
+            breaking.cut = Cut(before_first_event=True)
+            scores = await session.score_group([answer, answer])
+    never_sent, shown, cut, retried = breaking.score_requests
+    assert never_sent.idempotency_key and shown.task_id == ""
+    assert len({never_sent.idempotency_key, shown.idempotency_key, cut.idempotency_key}) == 3
+    assert retried.idempotency_key == cut.idempotency_key and retried.task_id == ""
+    assert scores == [GroupScore(reward=2.0)] * 2
+    assert CountingEnv.scorings == [1, 2]

@@ -66,10 +66,10 @@ class Connection:
         self._stub: Optional[environment_service_pb2_grpc.EnvironmentServiceStub] = None
         #: Sessions (AsyncSession) whose episode is open: `close` ends them first.
         self.open_sessions: set[Any] = set()
-        #: The server ran a CallTool under the idempotency key it was given
-        #: (ors-grpc with PrepareEpisodes and keys): a CallTool stream that
-        #: breaks before its task id arrives may then be sent again.
-        self.honours_idempotency_keys = False
+        #: The RPCs (CallTool, ScoreGroup) the server has run under the
+        #: idempotency key it was given (an ors-grpc with keys for them): such
+        #: a stream that breaks before its task id arrives may be sent again.
+        self.rpcs_honouring_keys: set[str] = set()
         self.episode_streams = EpisodeStreamPool(self._run_episode_call, _END_STREAM_TIMEOUT_S)
 
     @property

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 
@@ -241,15 +241,18 @@ class AsyncSession:
         )
 
     async def _stream_scoring(self, scoring: "_PendingScoring", session_id: str) -> list[GroupScore]:
-        """One ScoreGroup stream: a new scoring, or a reattach once `scoring.task_id` is known."""
+        """One ScoreGroup stream: a new scoring under its idempotency key (run
+        once, however often sent), or a reattach once `scoring.task_id` is known."""
         request = pb.ScoreGroupRequest(session_id=session_id, candidates=scoring.candidates,
                                        task_id=scoring.task_id or "")
+        if scoring.task_id is None:
+            request.idempotency_key = scoring.key
         stream = self._connection.score_group_stream(request, self._route_key)
         try:
             async for event in stream:
                 kind = event.WhichOneof("event")
                 if kind == "task_id":
-                    scoring.task_id = event.task_id
+                    self._got_task_id(scoring, event.task_id)
                 elif kind == "result":
                     return _convert.group_scores(event.result)
                 elif kind == "failure":
@@ -295,7 +298,7 @@ class AsyncSession:
         )
 
     async def _reattaching(
-        self, what: str, pending: Any,
+        self, what: str, pending: "_PendingCall | _PendingScoring",
         on_episode_stream: Callable[[EpisodeStream], Awaitable[T]], by_rpc: Callable[[], Awaitable[T]],
     ) -> T:
         """Runs work that has a task id (a tool call, a scoring): on the free
@@ -310,7 +313,7 @@ class AsyncSession:
         return await _while_starting(afresh)
 
     async def _reattaching_once(
-        self, what: str, pending: Any,
+        self, what: str, pending: "_PendingCall | _PendingScoring",
         on_episode_stream: Callable[[EpisodeStream], Awaitable[T]], by_rpc: Callable[[], Awaitable[T]],
     ) -> T:
         first_break: Optional[grpc.aio.AioRpcError] = None
@@ -326,10 +329,8 @@ class AsyncSession:
                     raise _never_started(first_break) from None
                 # Before the task id is known we cannot know whether the work
                 # started, and running it twice is worse than failing; unless
-                # the server honours the tool call's idempotency key.
-                resumable = pending.task_id is not None or (
-                    isinstance(pending, _PendingCall) and self._connection.honours_idempotency_keys
-                )
+                # the server honours this RPC's idempotency key (sent again).
+                resumable = pending.task_id is not None or pending.RPC in self._connection.rpcs_honouring_keys
                 if not resumable or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
                     raise failure from None
                 first_break = first_break or error
@@ -349,9 +350,7 @@ class AsyncSession:
             async for event in stream:
                 kind = event.WhichOneof("event")
                 if kind == "task_id":
-                    call.task_id = event.task_id
-                    if event.task_id == call.key:
-                        self._connection.honours_idempotency_keys = True
+                    self._got_task_id(call, event.task_id)
                 elif kind == "result":
                     return _tool_result(call.name, event.result)
                 elif kind == "failure":
@@ -359,6 +358,13 @@ class AsyncSession:
         finally:
             stream.cancel()  # a no-op once the stream has ended
         raise ORSServerError(grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "CallTool stream ended without a result")
+
+    def _got_task_id(self, pending: "_PendingCall | _PendingScoring", task_id: str) -> None:
+        """Keeps the task id (to reattach); one equal to the key sent shows
+        that the server honours this RPC's keys."""
+        pending.task_id = task_id
+        if task_id == pending.key:
+            self._connection.rpcs_honouring_keys.add(pending.RPC)
 
     async def ping(self) -> None:
         await self._unary("Ping", pb.PingRequest(session_id=self._live_id()))
@@ -429,6 +435,9 @@ async def _while_starting(ask: Callable[[], Awaitable[T]]) -> T:
 class _PendingCall:
     """A tool call being made; `task_id` is set once the server sent it."""
 
+    #: Its RPC, as named in `Connection.rpcs_honouring_keys`.
+    RPC: ClassVar[str] = "CallTool"
+
     name: str
     input: dict[str, Any]
     task_id: Optional[str] = None
@@ -440,8 +449,13 @@ class _PendingCall:
 class _PendingScoring:
     """A group scoring being made; `task_id` is set once the server sent it."""
 
+    #: Its RPC, as named in `Connection.rpcs_honouring_keys`.
+    RPC: ClassVar[str] = "ScoreGroup"
+
     candidates: list[Any]
     task_id: Optional[str] = None
+    #: Sent as the ScoreGroup's idempotency key until the task id is known.
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:

@@ -148,9 +148,10 @@ class ErrorReason(betterproto.Enum):
 
     IDEMPOTENCY_KEY_REUSED = 30
     """
-    The idempotency key (CallToolRequest `idempotency_key`, HTTP
-     `Idempotency-Key`) already names a call of this session with another
-     tool or input. INVALID_ARGUMENT.
+    The idempotency key (CallToolRequest or ScoreGroupRequest
+     `idempotency_key`, HTTP `Idempotency-Key`) already names a call or
+     scoring of this session with another tool, input or candidates.
+     INVALID_ARGUMENT.
     """
 
 
@@ -1160,6 +1161,20 @@ class ScoreGroupRequest(betterproto.Message):
     """
     Set to the task id of an earlier scoring of this session to attach to
      it (its result) instead of scoring again; empty for a new scoring.
+    """
+
+    idempotency_key: str = betterproto.string_field(4)
+    """
+    Makes the scoring idempotent, as CallToolRequest's `idempotency_key`
+     does a call: the scoring runs under this task id (1 to 128 characters,
+     scoped to the session, shared with the tool calls' keys), and a request
+     with the same key attaches to it instead of scoring again, whether the
+     first request's stream broke before or after the task id was sent,
+     while the result is kept. The same key with other candidates, or a key
+     already used by a tool call, fails with
+     ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with `task_id`.
+     The HTTP bridge fills it from the `Idempotency-Key` header of
+     `/score_group`.
     """
 
 

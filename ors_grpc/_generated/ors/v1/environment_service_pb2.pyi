@@ -374,14 +374,16 @@ class GetMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_types_pb2.Message, _Mapping]]] = ...) -> None: ...
 
 class ScoreGroupRequest(_message.Message):
-    __slots__ = ("session_id", "candidates", "task_id")
+    __slots__ = ("session_id", "candidates", "task_id", "idempotency_key")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     candidates: _containers.RepeatedCompositeFieldContainer[_types_pb2.GroupCandidate]
     task_id: str
-    def __init__(self, session_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[_types_pb2.GroupCandidate, _Mapping]]] = ..., task_id: _Optional[str] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, session_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[_types_pb2.GroupCandidate, _Mapping]]] = ..., task_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class ScoreGroupResult(_message.Message):
     __slots__ = ("scores",)
