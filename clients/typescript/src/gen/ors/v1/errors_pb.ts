@@ -185,9 +185,10 @@ export enum ErrorReason {
   SESSION_ID_MISMATCH = 22,
 
   /**
-   * The idempotency key (CallToolRequest `idempotency_key`, HTTP
-   * `Idempotency-Key`) already names a call of this session with another
-   * tool or input. INVALID_ARGUMENT.
+   * The idempotency key (CallToolRequest or ScoreGroupRequest
+   * `idempotency_key`, HTTP `Idempotency-Key`) already names a call or
+   * scoring of this session with another tool, input or candidates.
+   * INVALID_ARGUMENT.
    *
    * @generated from enum value: ERROR_REASON_IDEMPOTENCY_KEY_REUSED = 30;
    */
