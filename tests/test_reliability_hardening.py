@@ -395,16 +395,21 @@ def _sized_episode(url: str, sid: str, prompt_bytes: int = 1) -> None:
     assert http_request(url, "POST", "/create", body, {"X-Session-ID": sid})[0] == 200
 
 
+def _call_for_a_34_mb_result(door: Door) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """A new episode on `door` and its `blob` tool called for RESULT_BYTES: the status, body and SSE events."""
+    sid = f"big-{door.name[:5]}"
+    _sized_episode(door.http_url, sid)
+    status, body, _ = http_request(door.http_url, "POST", "/sizesenv/call",
+                                   json.dumps({"name": "blob", "input": {"size": RESULT_BYTES}}).encode(),
+                                   {"X-Session-ID": sid})
+    return status, body, _sse_events(body)
+
+
 def test_a_34_mb_result_fails_the_same_on_both_doors_under_the_default_limit(doors: Doors) -> None:
     outcomes = []
     for door in doors.http:
         since = door.log.stat().st_size
-        sid = f"big-{door.name[:5]}"
-        _sized_episode(door.http_url, sid)
-        status, body, _ = http_request(door.http_url, "POST", "/sizesenv/call",
-                                       json.dumps({"name": "blob", "input": {"size": RESULT_BYTES}}).encode(),
-                                       {"X-Session-ID": sid})
-        events = _sse_events(body)
+        status, body, events = _call_for_a_34_mb_result(door)
         assert status == 200 and [name for name, _ in events] == ["task_id", "error"], (door.name, body[:300])
         outcomes.append(events[1][1])
         # An answer too large for a prompt too: a 500 with the reason's detail.
@@ -422,12 +427,7 @@ def test_a_34_mb_result_is_delivered_the_same_on_both_doors_with_a_raised_limit(
     with both_doors(tmp_path, "--max-message-bytes", limit, bridge_options=("--max-message-bytes", limit)) as running:
         sizes = []
         for door in running.http:
-            sid = f"big-{door.name[:5]}"
-            _sized_episode(door.http_url, sid)
-            status, body, _ = http_request(door.http_url, "POST", "/sizesenv/call",
-                                           json.dumps({"name": "blob", "input": {"size": RESULT_BYTES}}).encode(),
-                                           {"X-Session-ID": sid})
-            events = _sse_events(body)
+            status, body, events = _call_for_a_34_mb_result(door)
             assert status == 200 and events[-1][0] == "end", (door.name, body[:300])
             sizes.append(len(body))
         assert sizes[0] == sizes[1] and sizes[0] > RESULT_BYTES
