@@ -6,7 +6,8 @@
 
 `--port 0` is always passed; add `--http-port 0` to get the HTTP door too.
 On exit the process gets SIGTERM, then SIGKILL if it lingers.
-`run_cli_logging_to(log, ...)` runs any subcommand at DEBUG with its output in a file.
+`run_cli_logging_to(log, ...)` runs any subcommand at DEBUG with its output in a file;
+`start_script_server(script)` runs another server (openreward's, ors-sdk's) from a script.
 """
 
 from __future__ import annotations
@@ -144,3 +145,36 @@ def _logged_doors(proc: subprocess.Popen, log: Path, command: str, wanted: int) 
         assert proc.poll() is None, log.read_text()
         time.sleep(0.1)
     raise AssertionError(f"ors-grpc {command} did not start listening in time")
+
+
+#: The end of a `python -c` script that has made `server` (openreward's or ors-sdk's `Server`,
+#: with `os`, `socket` and `uvicorn` imported): serves `server.app` on a free loopback port,
+#: announced like `ors-grpc serve`, for `start_script_server`.
+SERVE_APP_ON_A_FREE_PORT = """
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen(128)
+print(f"HTTP listening on 127.0.0.1:{sock.getsockname()[1]}", flush=True)
+# Nobody reads on after this line: send the server's logs nowhere.
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+uvicorn.Server(uvicorn.Config(server.app, log_level="warning")).run(sockets=[sock])
+"""
+
+
+@contextmanager
+def start_script_server(script: str, *args: str, name: str, workdir: Path = ROOT) -> Iterator[str]:
+    """`python -c SCRIPT ARGS` in `workdir` (importable), a server that announces its HTTP port
+    like `ors-grpc serve` (a script ending in SERVE_APP_ON_A_FREE_PORT); yields its URL.
+    `name` says which server did not start."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=workdir, env={**os.environ, "PYTHONPATH": str(workdir)},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("HTTP listening on "), f"{name} did not start: {line!r}"
+        yield "http://" + line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(15)
