@@ -328,17 +328,27 @@ def observations(reference_url: str, ours: ServeProcess) -> tuple[dict, dict]:
     return asyncio.run(run_scenario(reference_url)), asyncio.run(run_scenario(ours.http_url))
 
 
-def test_exceptions_name_real_steps() -> None:
-    names = [step.name for step in SCENARIO]
+def assert_exceptions_name_real_steps(scenario: list[Step], exceptions: dict[str, tuple[str, Check]]) -> None:
+    names = [step.name for step in scenario]
     assert len(names) == len(set(names))
-    assert set(EXCEPTIONS) <= set(names)
+    assert set(exceptions) <= set(names)
+
+
+def assert_same_answer(observations: tuple[dict, dict], step: Step, exceptions: dict[str, tuple[str, Check]],
+                       reference_name: str = "reference") -> None:
+    """The step's answers from (the reference server, ours) are identical, or pass the check of its exception."""
+    reference, ours = (side[step.name] for side in observations)
+    if step.name in exceptions:
+        reason, check = exceptions[step.name]
+        assert check(reference, ours), f"{reason}\n{reference_name}: {reference}\nours: {ours}"
+    else:
+        assert canonical(ours) == canonical(reference)
+
+
+def test_exceptions_name_real_steps() -> None:
+    assert_exceptions_name_real_steps(SCENARIO, EXCEPTIONS)
 
 
 @pytest.mark.parametrize("step", SCENARIO, ids=[step.name for step in SCENARIO])
 def test_same_as_reference(observations: tuple[dict, dict], step: Step) -> None:
-    reference, ours = (side[step.name] for side in observations)
-    if step.name in EXCEPTIONS:
-        reason, check = EXCEPTIONS[step.name]
-        assert check(reference, ours), f"{reason}\nreference: {reference}\nours: {ours}"
-    else:
-        assert canonical(ours) == canonical(reference)
+    assert_same_answer(observations, step, EXCEPTIONS)

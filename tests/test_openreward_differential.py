@@ -38,7 +38,9 @@ from openreward.api.environments.types import GroupCandidate, Message, Reasoning
 from tests.openreward_dialect import PIXEL, TASKS
 from tests.servers import SERVE_APP_ON_A_FREE_PORT, start_bridge, start_script_server, start_serve
 from tests.bridge_http import parse_sse
-from tests.test_differential import SSE, Step, canonical, observe_sse
+from tests.test_differential import (
+    SSE, Check, Step, assert_exceptions_name_real_steps, assert_same_answer, canonical, observe_sse,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -189,8 +191,6 @@ SCENARIO = [
 # Exceptions: where ours differs from the openreward server on purpose
 # ----------------------------------------------------------------------------
 
-Check = Callable[[dict, dict], bool]
-
 
 def same_status_string_detail(reference: dict, ours: dict) -> bool:
     """openreward's 422s carry pydantic's error list; ours a string that names the field."""
@@ -266,19 +266,12 @@ def observations(reference_url: str, ours_url: str) -> tuple[dict, dict]:
 
 
 def test_exceptions_name_real_steps() -> None:
-    names = [step.name for step in SCENARIO]
-    assert len(names) == len(set(names))
-    assert set(EXCEPTIONS) <= set(names)
+    assert_exceptions_name_real_steps(SCENARIO, EXCEPTIONS)
 
 
 @pytest.mark.parametrize("step", SCENARIO, ids=[step.name for step in SCENARIO])
 def test_same_as_openreward(observations: tuple[dict, dict], step: Step) -> None:
-    reference, ours = (side[step.name] for side in observations)
-    if step.name in EXCEPTIONS:
-        reason, check = EXCEPTIONS[step.name]
-        assert check(reference, ours), f"{reason}\nopenreward: {reference}\nours: {ours}"
-    else:
-        assert canonical(ours) == canonical(reference)
+    assert_same_answer(observations, step, EXCEPTIONS, "openreward")
 
 
 def test_bridge_alone_answers_as_serve(observations: tuple[dict, dict]) -> None:
