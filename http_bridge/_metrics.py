@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Optional
 
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from ors_grpc.metrics import DURATION_BUCKETS
 
-__all__ = ["REQUESTS", "REQUEST_SECONDS", "record_metrics"]
+__all__ = ["REQUESTS", "REQUEST_SECONDS", "FinalStatus", "record_metrics", "route_pattern"]
 
 #: A client that leaves before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -37,11 +37,31 @@ REQUEST_SECONDS = Histogram(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _route_label(request: web.Request) -> str:
+def route_pattern(request: web.Request) -> Optional[str]:
     """The route's pattern (`/{env}/call`), never the raw path: environment
-    names and bogus paths must not mint label values."""
+    names and bogus paths must not mint label values. None when no route matched."""
     resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else UNMATCHED_ROUTE
+    return resource.canonical if resource is not None else None
+
+
+class FinalStatus:
+    """The status a request is answered with, as a middleware around `handler` sees it: the
+    response's or the HTTP exception's; CLIENT_CLOSED_REQUEST if the client left; else 500."""
+
+    def __init__(self) -> None:
+        self.status = 500
+
+    async def handle(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            self.status = exc.status
+            raise
+        except asyncio.CancelledError:
+            self.status = CLIENT_CLOSED_REQUEST  # the client left: not the server's error
+            raise
+        self.status = response.status
+        return response
 
 
 @web.middleware
@@ -49,20 +69,13 @@ async def record_metrics(request: web.Request, handler: Handler) -> web.StreamRe
     """Count and time every request. Installed outermost, so the statuses it
     sees are the final ones (after the error middleware and redirects)."""
     started = time.perf_counter()
-    status = 500
+    final = FinalStatus()
     try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    except asyncio.CancelledError:
-        status = CLIENT_CLOSED_REQUEST
-        raise
+        return await final.handle(request, handler)
     finally:
         method = request.method if request.method in KNOWN_METHODS else "other"
-        count, seconds = _request_metrics(_route_label(request), method, status)
+        route = route_pattern(request)
+        count, seconds = _request_metrics(route if route is not None else UNMATCHED_ROUTE, method, final.status)
         count.inc()
         seconds.observe(time.perf_counter() - started)
 

@@ -10,14 +10,13 @@ The context travels in the metadata for both channels alike: a network
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
 from ors_grpc import tracing
 
-from ._metrics import CLIENT_CLOSED_REQUEST, KNOWN_METHODS
+from ._metrics import KNOWN_METHODS, FinalStatus, route_pattern
 
 __all__ = ["install", "propagating", "trace_requests"]
 
@@ -35,12 +34,6 @@ def propagating(channel: Any) -> Any:
     return _PropagatingChannel(channel) if tracing.enabled() else channel
 
 
-def _route(request: web.Request) -> Optional[str]:
-    """The route's pattern (`/{env}/call`), never the raw path."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else None
-
-
 @web.middleware
 async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A SERVER span per request (HTTP semantic conventions; no headers, bodies or query)."""
@@ -48,7 +41,7 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
 
     if tracing.tracer is None:
         return await handler(request)
-    route = _route(request)
+    route = route_pattern(request)
     # A method of the client's invention is not a span name (HTTP semantic conventions).
     method = request.method if request.method in KNOWN_METHODS else "_OTHER"
     attributes = {"http.request.method": method, "url.path": request.path, "url.scheme": request.scheme}
@@ -62,20 +55,12 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
         context=tracing.extract_context(request.headers), kind=SpanKind.SERVER, attributes=attributes,
         record_exception=False, set_status_on_exception=False,
     ) as span:
-        status = 500
+        final = FinalStatus()
         try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED_REQUEST  # the client left: not the server's error
-            raise
+            return await final.handle(request, handler)
         finally:
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
+            span.set_attribute("http.response.status_code", final.status)
+            if final.status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
 
 

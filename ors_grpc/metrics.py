@@ -24,6 +24,7 @@ import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from . import tracing
+from ._rpc_handlers import wrap_behavior
 
 __all__ = [
     "OPEN_SESSIONS",
@@ -215,13 +216,8 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = _method_name(details.method)
-        if handler.unary_unary:
-            return handler._replace(unary_unary=_counted_unary(handler.unary_unary, method))
-        if handler.unary_stream:
-            return handler._replace(unary_stream=_counted_stream(handler.unary_stream, method))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=_counted_stream(handler.stream_stream, method))
-        return handler  # no client-streaming RPCs in this service
+        return wrap_behavior(handler, functools.partial(_counted_unary, method=method),
+                             functools.partial(_counted_stream, method=method))
 
 
 @functools.lru_cache(maxsize=None)  # methods and status codes are fixed sets

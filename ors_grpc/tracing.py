@@ -43,6 +43,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 import grpc
 
+from ._rpc_handlers import wrap_behavior
+
 __all__ = [
     "RpcTracingInterceptor",
     "disable",
@@ -247,13 +249,7 @@ class RpcTracingInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or tracer is None:
             return handler
         span = _RpcSpan(details)
-        if handler.unary_unary:
-            return handler._replace(unary_unary=span.unary(handler.unary_unary))
-        if handler.unary_stream:
-            return handler._replace(unary_stream=span.stream(handler.unary_stream))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=span.stream(handler.stream_stream))
-        return handler  # no client-streaming RPCs in this service
+        return wrap_behavior(handler, span.unary, span.stream)
 
 
 class _RpcSpan:

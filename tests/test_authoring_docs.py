@@ -15,7 +15,6 @@ must print the same.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.servers import ROOT, start_serve
+from tests.servers import ROOT, SERVE_APP_ON_A_FREE_PORT, start_script_server, start_serve
 
 DOC = ROOT / "docs" / "authoring.md"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -109,29 +108,13 @@ while args:
     else:
         environments.append(load(word))
 server = server_module.Server(environments)
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-sock.listen(128)
-print(f"HTTP listening on 127.0.0.1:{sock.getsockname()[1]}", flush=True)
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-uvicorn.Server(uvicorn.Config(server.app, log_level="warning")).run(sockets=[sock])
-"""
+""" + SERVE_APP_ON_A_FREE_PORT
 
 
 @contextlib.contextmanager
 def openreward_server(args: list[str], workdir: Path) -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", OPENREWARD_SERVER, *args],
-        cwd=workdir, env={**os.environ, "PYTHONPATH": str(workdir)},
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("HTTP listening on "), f"openreward server did not start: {line!r}"
-        yield "http://" + line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    with start_script_server(OPENREWARD_SERVER, *args, name="openreward server", workdir=workdir) as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 from ors_grpc.client import AsyncORSClient, ORSClient, ORSServerError, TextBlock
 from ors_grpc.server import ServerConfig, create_server
 from tests.environments import EchoEnv
+from tests.tooling import make_self_signed_certificate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,13 +43,7 @@ async def test_the_api_key_travels_on_every_call(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 async def test_tls_credentials(tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=30,
-    )
+    cert, key = make_self_signed_certificate(tmp_path)
     server, port = await create_server([EchoEnv], config=ServerConfig(tls_cert=str(cert), tls_key=str(key)))
     try:
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())

@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -21,7 +18,7 @@ import aiohttp
 import pytest
 
 from tests.bridge_http import parse_sse
-from tests.servers import ROOT, ServeProcess, start_serve
+from tests.servers import SERVE_APP_ON_A_FREE_PORT, ServeProcess, start_script_server, start_serve
 
 ENVIRONMENTS = ["EchoEnv", "SlowSetupEnv", "FailingSetupEnv"]
 
@@ -36,14 +33,7 @@ sys.modules[module.__name__] = module
 exec(compile(source, "tests/environments.py", "exec"), module.__dict__)
 from ors import Server
 server = Server([{", ".join(f"module.{name}" for name in ENVIRONMENTS)}])
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-sock.listen(128)
-print(f"HTTP listening on 127.0.0.1:{{sock.getsockname()[1]}}", flush=True)
-# Nobody reads on after this line: send the server's logs nowhere.
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-uvicorn.Server(uvicorn.Config(server.app, log_level="warning")).run(sockets=[sock])
-"""
+""" + SERVE_APP_ON_A_FREE_PORT
 
 
 @dataclass(frozen=True)
@@ -323,17 +313,8 @@ async def run_scenario(base_url: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def reference_url() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", REFERENCE_SERVER],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("HTTP listening on "), f"reference server did not start: {line!r}"
-        yield "http://" + line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    with start_script_server(REFERENCE_SERVER, name="reference server") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -347,17 +328,27 @@ def observations(reference_url: str, ours: ServeProcess) -> tuple[dict, dict]:
     return asyncio.run(run_scenario(reference_url)), asyncio.run(run_scenario(ours.http_url))
 
 
-def test_exceptions_name_real_steps() -> None:
-    names = [step.name for step in SCENARIO]
+def assert_exceptions_name_real_steps(scenario: list[Step], exceptions: dict[str, tuple[str, Check]]) -> None:
+    names = [step.name for step in scenario]
     assert len(names) == len(set(names))
-    assert set(EXCEPTIONS) <= set(names)
+    assert set(exceptions) <= set(names)
+
+
+def assert_same_answer(observations: tuple[dict, dict], step: Step, exceptions: dict[str, tuple[str, Check]],
+                       reference_name: str = "reference") -> None:
+    """The step's answers from (the reference server, ours) are identical, or pass the check of its exception."""
+    reference, ours = (side[step.name] for side in observations)
+    if step.name in exceptions:
+        reason, check = exceptions[step.name]
+        assert check(reference, ours), f"{reason}\n{reference_name}: {reference}\nours: {ours}"
+    else:
+        assert canonical(ours) == canonical(reference)
+
+
+def test_exceptions_name_real_steps() -> None:
+    assert_exceptions_name_real_steps(SCENARIO, EXCEPTIONS)
 
 
 @pytest.mark.parametrize("step", SCENARIO, ids=[step.name for step in SCENARIO])
 def test_same_as_reference(observations: tuple[dict, dict], step: Step) -> None:
-    reference, ours = (side[step.name] for side in observations)
-    if step.name in EXCEPTIONS:
-        reason, check = EXCEPTIONS[step.name]
-        assert check(reference, ours), f"{reason}\nreference: {reference}\nours: {ours}"
-    else:
-        assert canonical(ours) == canonical(reference)
+    assert_same_answer(observations, step, EXCEPTIONS)

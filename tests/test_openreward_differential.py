@@ -24,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
@@ -39,9 +36,11 @@ from openreward.api.errors import ScoreGroupFailed, ScoreGroupUnsupported, ToolC
 from openreward.api.environments.types import GroupCandidate, Message, ReasoningBlock, TextBlock, ToolCallBlock
 
 from tests.openreward_dialect import PIXEL, TASKS
-from tests.servers import ROOT, start_bridge, start_serve
+from tests.servers import SERVE_APP_ON_A_FREE_PORT, start_bridge, start_script_server, start_serve
 from tests.bridge_http import parse_sse
-from tests.test_differential import SSE, Step, canonical, observe_sse
+from tests.test_differential import (
+    SSE, Check, Step, assert_exceptions_name_real_steps, assert_same_answer, canonical, observe_sse,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,30 +65,13 @@ import openreward.environments.server as server_module
 openreward.toolsets.BUILTIN_TOOLSETS[module.{TOOLSET}.name()] = module.{TOOLSET}
 server_module._SETUP_WAIT_TIMEOUT_S = {SETUP_WAIT_S}
 server = server_module.Server([{", ".join(f"module.{name}" for name in ENVIRONMENTS)}])
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-sock.listen(128)
-print(f"HTTP listening on 127.0.0.1:{{sock.getsockname()[1]}}", flush=True)
-# Nobody reads on after this line: send the server's logs nowhere.
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-uvicorn.Server(uvicorn.Config(server.app, log_level="warning")).run(sockets=[sock])
-"""
+""" + SERVE_APP_ON_A_FREE_PORT
 
 
 @pytest.fixture(scope="module")
 def reference_url() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", REFERENCE_SERVER],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("HTTP listening on "), f"openreward server did not start: {line!r}"
-        yield "http://" + line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    with start_script_server(REFERENCE_SERVER, name="openreward server") as url:
+        yield url
 
 
 SERVE_ARGS = (
@@ -209,8 +191,6 @@ SCENARIO = [
 # Exceptions: where ours differs from the openreward server on purpose
 # ----------------------------------------------------------------------------
 
-Check = Callable[[dict, dict], bool]
-
 
 def same_status_string_detail(reference: dict, ours: dict) -> bool:
     """openreward's 422s carry pydantic's error list; ours a string that names the field."""
@@ -286,19 +266,12 @@ def observations(reference_url: str, ours_url: str) -> tuple[dict, dict]:
 
 
 def test_exceptions_name_real_steps() -> None:
-    names = [step.name for step in SCENARIO]
-    assert len(names) == len(set(names))
-    assert set(EXCEPTIONS) <= set(names)
+    assert_exceptions_name_real_steps(SCENARIO, EXCEPTIONS)
 
 
 @pytest.mark.parametrize("step", SCENARIO, ids=[step.name for step in SCENARIO])
 def test_same_as_openreward(observations: tuple[dict, dict], step: Step) -> None:
-    reference, ours = (side[step.name] for side in observations)
-    if step.name in EXCEPTIONS:
-        reason, check = EXCEPTIONS[step.name]
-        assert check(reference, ours), f"{reason}\nopenreward: {reference}\nours: {ours}"
-    else:
-        assert canonical(ours) == canonical(reference)
+    assert_same_answer(observations, step, EXCEPTIONS, "openreward")
 
 
 def test_bridge_alone_answers_as_serve(observations: tuple[dict, dict]) -> None:

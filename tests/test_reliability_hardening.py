@@ -23,10 +23,7 @@ import base64
 import contextlib
 import http.client
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -43,7 +40,7 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.errors import ERROR_DOMAIN, ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
 from tests.reliability_environments import SECRET_NAME
 from tests.reliability_helpers import PROBE_ENVIRONMENTS
-from tests.servers import LISTENING, ROOT, STARTUP_TIMEOUT_S
+from tests.servers import run_cli_logging_to
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,57 +66,22 @@ class Doors(NamedTuple):
     http: list[Door]
 
 
-def _launch(arguments: list[str], log: Path) -> tuple[subprocess.Popen, dict[str, str]]:
-    """`python -m ors_grpc.cli --log-level DEBUG ARGUMENTS`, stdout and stderr in `log`;
-    the doors it announced."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    with log.open("w") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", *arguments],
-                                cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    wanted = 2 if arguments[0] == "serve" else 1
-    while time.monotonic() < deadline:
-        doors = {m.group(1): f"{m.group(2)}:{m.group(3)}" for line in log.read_text().splitlines()
-                 if (m := LISTENING.match(line))}
-        if len(doors) >= wanted:
-            return proc, doors
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"{arguments[0]} did not start listening in time")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @contextlib.contextmanager
 def both_doors(folder: Path, *options: str, bridge_options: tuple[str, ...] = ()) -> Iterator[Doors]:
     """`ors-grpc serve` of ENVIRONMENTS with `--http-port`, and `ors-grpc
     bridge` onto its gRPC port; `options` go to both (HTTP limits), and
     `bridge_options` to the bridge only."""
-    serve, serve_doors = _launch(["serve", *ENVIRONMENTS, "--port", "0", "--http-port", "0", *options],
-                                 folder / "serve.log")
-    try:
+    with run_cli_logging_to(folder / "serve.log", "serve", *ENVIRONMENTS, "--port", "0", "--http-port", "0",
+                            *options) as serve_doors:
         http_options = [option for option in options if option.startswith("--http")]
         values = [value for option, value in zip(options, options[1:]) if option.startswith("--http")]
         bridge_arguments = [item for pair in zip(http_options, values) for item in pair]
-        bridge, bridge_doors = _launch(["bridge", "--backend", serve_doors["gRPC"], "--http-port", "0",
-                                        *bridge_arguments, *bridge_options], folder / "bridge.log")
-        try:
+        with run_cli_logging_to(folder / "bridge.log", "bridge", "--backend", serve_doors["gRPC"], "--http-port", "0",
+                                *bridge_arguments, *bridge_options) as bridge_doors:
             yield Doors(serve_doors["gRPC"], [
                 Door("serve --http-port", f"http://{serve_doors['HTTP']}", folder / "serve.log"),
                 Door("ors-grpc bridge", f"http://{bridge_doors['HTTP']}", folder / "bridge.log"),
             ])
-        finally:
-            _stop(bridge)
-    finally:
-        _stop(serve)
 
 
 @pytest.fixture(scope="module")
@@ -433,16 +395,21 @@ def _sized_episode(url: str, sid: str, prompt_bytes: int = 1) -> None:
     assert http_request(url, "POST", "/create", body, {"X-Session-ID": sid})[0] == 200
 
 
+def _call_for_a_34_mb_result(door: Door) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """A new episode on `door` and its `blob` tool called for RESULT_BYTES: the status, body and SSE events."""
+    sid = f"big-{door.name[:5]}"
+    _sized_episode(door.http_url, sid)
+    status, body, _ = http_request(door.http_url, "POST", "/sizesenv/call",
+                                   json.dumps({"name": "blob", "input": {"size": RESULT_BYTES}}).encode(),
+                                   {"X-Session-ID": sid})
+    return status, body, _sse_events(body)
+
+
 def test_a_34_mb_result_fails_the_same_on_both_doors_under_the_default_limit(doors: Doors) -> None:
     outcomes = []
     for door in doors.http:
         since = door.log.stat().st_size
-        sid = f"big-{door.name[:5]}"
-        _sized_episode(door.http_url, sid)
-        status, body, _ = http_request(door.http_url, "POST", "/sizesenv/call",
-                                       json.dumps({"name": "blob", "input": {"size": RESULT_BYTES}}).encode(),
-                                       {"X-Session-ID": sid})
-        events = _sse_events(body)
+        status, body, events = _call_for_a_34_mb_result(door)
         assert status == 200 and [name for name, _ in events] == ["task_id", "error"], (door.name, body[:300])
         outcomes.append(events[1][1])
         # An answer too large for a prompt too: a 500 with the reason's detail.
@@ -460,12 +427,7 @@ def test_a_34_mb_result_is_delivered_the_same_on_both_doors_with_a_raised_limit(
     with both_doors(tmp_path, "--max-message-bytes", limit, bridge_options=("--max-message-bytes", limit)) as running:
         sizes = []
         for door in running.http:
-            sid = f"big-{door.name[:5]}"
-            _sized_episode(door.http_url, sid)
-            status, body, _ = http_request(door.http_url, "POST", "/sizesenv/call",
-                                           json.dumps({"name": "blob", "input": {"size": RESULT_BYTES}}).encode(),
-                                           {"X-Session-ID": sid})
-            events = _sse_events(body)
+            status, body, events = _call_for_a_34_mb_result(door)
             assert status == 200 and events[-1][0] == "end", (door.name, body[:300])
             sizes.append(len(body))
         assert sizes[0] == sizes[1] and sizes[0] > RESULT_BYTES

@@ -12,11 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,7 +27,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.reliability_environments import SECRET_NAME
 from tests.reliability_helpers import PROBE_ENVIRONMENTS, grpc_call_request, serve_probe
-from tests.servers import LISTENING, ROOT, STARTUP_TIMEOUT_S
+from tests.servers import run_cli_logging_to
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -129,32 +125,8 @@ SECRET = "s3cr3t-9f8e7d6c5b4a-never-shown"
 def serve_logging_everything(log: Path) -> Iterator[tuple[str, str]]:
     """`ors-grpc --log-level DEBUG serve` with stdout and stderr both in `log`;
     yields (grpc target, http url)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", "serve", *PROBE_ENVIRONMENTS,
-               "--port", "0", "--http-port", "0"]
-    with log.open("w") as output:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
-    try:
-        yield _wait_for_doors(proc, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for_doors(proc: subprocess.Popen, log: Path) -> tuple[str, str]:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        doors = dict((m.group(1), f"{m.group(2)}:{m.group(3)}") for line in log.read_text().splitlines()
-                     if (m := LISTENING.match(line)))
-        if len(doors) == 2:
-            return doors["gRPC"], f"http://{doors['HTTP']}"
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.1)
-    raise AssertionError("ors-grpc serve did not start listening in time")
+    with run_cli_logging_to(log, "serve", *PROBE_ENVIRONMENTS, "--port", "0", "--http-port", "0") as doors:
+        yield doors["gRPC"], f"http://{doors['HTTP']}"
 
 
 class Transcript:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +20,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.reliability_helpers import PROBE_ENVIRONMENTS, grpc_call_request
 from tests.servers import start_bridge, start_serve
+from tests.tooling import make_self_signed_certificate
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -31,15 +31,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for localhost and 127.0.0.1, and its key."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
-    return cert, key
+    return make_self_signed_certificate(tmp_path_factory.mktemp("tls"))
 
 
 async def _https_episode(https_url: str, trust: ssl.SSLContext, tag: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -15,6 +14,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.server import ServerConfig, create_server
 from tests.conftest import call_tool, create_episode, error_reason, expect_error, serving, tool_call
 from tests.environments import EchoEnv
+from tests.tooling import make_self_signed_certificate
 
 API_KEY = "test-api-key"
 
@@ -82,15 +82,7 @@ async def test_max_message_size_is_configurable() -> None:
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory) -> tuple[Path, Path]:
     """A self-signed certificate for localhost, made with the openssl command."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
-    return cert, key
+    return make_self_signed_certificate(tmp_path_factory.mktemp("tls"))
 
 
 async def test_tls_from_certificate_files(tls_files: tuple[Path, Path]) -> None:

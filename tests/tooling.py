@@ -20,6 +20,7 @@ import pytest
 
 NO_SKIP_ENV = "ORS_TESTS_NO_SKIP"
 NPM_CI_TIMEOUT_S = 600
+OPENSSL_TIMEOUT_S = 60
 
 _installing = threading.Lock()
 
@@ -40,3 +41,16 @@ def ensure_node_packages(folder: Path) -> None:
         )
         if result.returncode != 0:
             pytest.fail(f"`npm ci` in {folder} failed:\n{result.stdout}{result.stderr}")
+
+
+def make_self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1, and its key, made in `folder`
+    with the openssl command (the caller skips when openssl is missing)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=OPENSSL_TIMEOUT_S,
+    )
+    return cert, key
