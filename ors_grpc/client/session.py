@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
@@ -431,8 +431,21 @@ async def _while_starting(ask: Callable[[], Awaitable[T]]) -> T:
         await asyncio.sleep(_STARTING_RETRY_S)
 
 
+class _Keyed:
+    """Work sent by its RPC under an idempotency key until its task id is known."""
+
+    _key: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        """Made on first use: work asked on an episode stream (the common case) never needs one."""
+        if self._key is None:
+            self._key = uuid.uuid4().hex
+        return self._key
+
+
 @dataclass
-class _PendingCall:
+class _PendingCall(_Keyed):
     """A tool call being made; `task_id` is set once the server sent it."""
 
     #: Its RPC, as named in `Connection.rpcs_honouring_keys`.
@@ -441,12 +454,10 @@ class _PendingCall:
     name: str
     input: dict[str, Any]
     task_id: Optional[str] = None
-    #: Sent as the CallTool's idempotency key until the task id is known.
-    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass
-class _PendingScoring:
+class _PendingScoring(_Keyed):
     """A group scoring being made; `task_id` is set once the server sent it."""
 
     #: Its RPC, as named in `Connection.rpcs_honouring_keys`.
@@ -454,8 +465,6 @@ class _PendingScoring:
 
     candidates: list[Any]
     task_id: Optional[str] = None
-    #: Sent as the ScoreGroup's idempotency key until the task id is known.
-    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
