@@ -4,7 +4,7 @@ bridge serves, and describes what a real server answers."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -15,9 +15,8 @@ from http_bridge import create_app
 from http_bridge._openapi import openapi_document
 from http_bridge.app import ROOT_SEGMENTS
 from tests.bridge_http import parse_sse
-from tests.servers import ServeProcess, start_serve
+from tests.test_bridge_auth import API_KEY, http, serve  # noqa: F401 (fixtures: a server with an API key)
 
-API_KEY = "k3y-for-openapi"
 KEY = {"X-API-Key": API_KEY}
 
 
@@ -70,18 +69,6 @@ def test_sse_routes_document_their_event_stream() -> None:
 # ----------------------------------------------------------------------------
 # Against a real server (with an API key: the description routes need none)
 # ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def serve() -> Iterator[ServeProcess]:
-    with start_serve("tests.environments:EchoEnv", "--http-port", "0", "--api-key", API_KEY) as process:
-        yield process
-
-
-@pytest.fixture
-async def http(serve: ServeProcess) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(base_url=serve.http_url) as session:
-        yield session
 
 
 async def test_openapi_json_and_docs_need_no_key(http: aiohttp.ClientSession) -> None:

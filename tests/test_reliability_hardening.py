@@ -25,7 +25,6 @@ import http.client
 import json
 import socket
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
