@@ -16,12 +16,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.servers import REPO_ROOT, ServerProcess, ours_server, reference_server
+from bench.servers import ServerProcess, ours_server, reference_server, run_load
+from bench.stats import fmt_ms
 
 DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads")
 OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw")
@@ -49,17 +49,6 @@ class MemoryResult:
     rss: dict[int, int] = field(default_factory=dict)  # open sessions -> bytes
     open_seconds: float = 0.0
     skipped: str | None = None
-
-
-def run_load(door_kind: str, target: str, mode: str, timeout: float, **options) -> dict:
-    """Run one ``bench.load`` process and return its JSON result."""
-    argv = [sys.executable, "-m", "bench.load", "--door", door_kind, "--target", target, "--mode", mode]
-    for name, value in options.items():
-        argv += [f"--{name}", str(value)]
-    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"load generator failed: {done.stderr.strip()[-1500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[str]]:
@@ -162,10 +151,6 @@ def measure_memory(label: str, door: str, args: argparse.Namespace) -> MemoryRes
 
 
 # --- report -----------------------------------------------------------------
-
-def fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f}"
-
 
 def ratio(ours: float, reference: float) -> str:
     return f"{ours / reference:.2f}x" if reference else "n/a"

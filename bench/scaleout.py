@@ -22,7 +22,8 @@ import pathlib
 import time
 from dataclasses import dataclass
 
-from bench.run import fmt_ms, run_load
+from bench.servers import run_load
+from bench.stats import fmt_ms
 from deploy.nginx.run_topology import Topology, find_nginx
 
 ENVIRONMENT = "bench.env:BenchEnv"

@@ -1,5 +1,6 @@
 """Start and stop the servers under test, each in its own process, and read their memory."""
 
+import json
 import os
 import pathlib
 import re
@@ -102,3 +103,14 @@ def ours_server(http: bool, environment: str = "bench.env:BenchEnv") -> ServerPr
     else:
         argv = [sys.executable, "-c", "import sys; from ors_grpc.cli import main; sys.exit(main())", *args]
     return ServerProcess("ours-http" if http else "ours-grpc", argv)
+
+
+def run_load(door_kind: str, target: str, mode: str, timeout: float, **options) -> dict:
+    """Run one ``bench.load`` process and return its JSON result."""
+    argv = [sys.executable, "-m", "bench.load", "--door", door_kind, "--target", target, "--mode", mode]
+    for name, value in options.items():
+        argv += [f"--{name}", str(value)]
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed: {done.stderr.strip()[-1500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -18,3 +18,8 @@ def latency_summary(latencies: list[float]) -> dict:
         "p50": percentile(values, 0.50),
         "p99": percentile(values, 0.99),
     }
+
+
+def fmt_ms(seconds: float) -> str:
+    """Seconds as milliseconds with two decimals."""
+    return f"{seconds * 1000:.2f}"

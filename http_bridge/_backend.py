@@ -12,7 +12,7 @@ from aiohttp import web
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
-from ors_grpc.errors import ERROR_REASON_METADATA_KEY
+from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY
 
 __all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel", "retry_after"]
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, field_validator,
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
-from ors_grpc.types import check_task_source
+from ors_grpc.authoring.types import check_task_source
 
 __all__ = [
     "BadRequest",

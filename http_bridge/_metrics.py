@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, Optional
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
-from ors_grpc.metrics import DURATION_BUCKETS
+from ors_grpc.observability.metrics import DURATION_BUCKETS
 
 __all__ = ["REQUESTS", "REQUEST_SECONDS", "FinalStatus", "record_metrics", "route_pattern"]
 

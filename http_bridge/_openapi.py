@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of the ORS HTTP API as this bridge serves it: `/openapi.json`, `/docs`.
 
 One place to keep in sync with the routes in `app.py`: the `OPERATIONS`
-table below (`tests/test_bridge_openapi.py` fails when a served route is not
+table below (`tests/bridge/test_openapi.py` fails when a served route is not
 in it, or a documented one is not served). Request body schemas are not
 written here: they come from the pydantic models that validate the bodies
 (`_convert.SplitBody`, ...), so they cannot drift. Response schemas are the
@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from aiohttp import web
 
-from ors_grpc import __version__
+from ors_grpc._version import __version__
 
 from . import _convert as convert
 

@@ -1,4 +1,4 @@
-"""Tracing of the bridge (see `ors_grpc.tracing`): one SERVER span per HTTP request, continuing
+"""Tracing of the bridge (see `ors_grpc.observability.tracing`): one SERVER span per HTTP request, continuing
 the client's W3C `traceparent`, and that context sent on to the backend in the gRPC metadata.
 
 Both are installed only while tracing is on (`install(app)` adds the
@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from ors_grpc import tracing
+from ors_grpc.observability import tracing
 
 from ._metrics import KNOWN_METHODS, FinalStatus, route_pattern
 

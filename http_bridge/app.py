@@ -3,7 +3,7 @@
 Every handler translates one HTTP request into one RPC and back; the bridge
 holds no session state. JSON <-> proto lives in `_convert`, gRPC failures
 become HTTP statuses in the one error middleware (through
-`ors_grpc.errors.http_status_for`), and SSE framing lives in `_sse`.
+`ors_grpc.protocol.errors.http_status_for`), and SSE framing lives in `_sse`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from aiohttp import web
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
-from ors_grpc.errors import RETRY_AFTER_S, http_status_for
+from ors_grpc.protocol.errors import RETRY_AFTER_S, http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after

@@ -9,9 +9,10 @@ is a drop-in for the same import from `ors` (ors-sdk 0.1.0), and
 for the same import from `openreward.environments` (openreward >= 0.1.157).
 """
 
-from .environment import Environment, terminal, tool
-from .toolset import Toolset
-from .types import (
+from ors_grpc._version import __version__
+from ors_grpc.authoring.environment import Environment, terminal, tool
+from ors_grpc.authoring.toolset import Toolset
+from ors_grpc.authoring.types import (
     SUPPORTED_MESSAGE_BLOCK_TYPES,
     Blocks,
     CreateSession,
@@ -38,13 +39,11 @@ from .types import (
     ToolSpec,
 )
 
-__version__ = "0.1.0"
-
 
 def __getattr__(name: str):
     # `Server` pulls in grpc and the service: import it only when asked for.
     if name == "Server":
-        from .server import Server
+        from ors_grpc.server import Server
 
         return Server
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """`python -m ors_grpc` runs the `ors-grpc` command."""
 
-from .cli import main
+from ors_grpc.cli import main
 
 main()

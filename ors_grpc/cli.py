@@ -16,25 +16,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import logging
 import math
 import os
-import signal
-import socket
-import ssl
 import sys
-from typing import Any, Awaitable, Callable, Iterator, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
-from .warm_pool import DEFAULT_WARM_TTL_S
+from ors_grpc import serving
+from ors_grpc._runtime.grpc_server import ServerConfig
+from ors_grpc._runtime.user_code import busy_user_code_threads
+from ors_grpc.authoring.environment import Environment
+from ors_grpc.protocol.constants import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_SESSION_TIMEOUT_S,
+    DEFAULT_SETUP_WAIT_S,
+    DEFAULT_WARM_TTL_S,
+)
+from ors_grpc.serving import StartupError
 
 __all__ = ["main"]
 
 DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
-DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-# Seconds running RPCs get to finish after a stop signal.
-SHUTDOWN_GRACE_S = 5.0
 EXIT_STARTUP_ERROR = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LOG_LEVEL = "INFO"
@@ -42,14 +45,8 @@ DEFAULT_LOG_LEVEL = "INFO"
 logger = logging.getLogger("ors_grpc.cli")
 
 
-class StartupError(Exception):
-    """A mistake in how the command was started: `main` prints it as one line and exits with status 2."""
-
-
 def load_environment(spec: str) -> type:
     """Import the Environment class `module.path:ClassName` (see `_import_class`)."""
-    from .environment import Environment
-
     found = _import_class(spec, "environment")
     if not (isinstance(found, type) and issubclass(found, Environment)):
         hint = ""
@@ -87,18 +84,6 @@ def _import_class(spec: str, what: str) -> object:
         return getattr(module, class_name)
     except AttributeError:
         raise StartupError(f"module {module_name!r} has no attribute {class_name!r}") from None
-
-
-def _check_environments(environments: Sequence[type]) -> list[str]:
-    """The names the environments are served under; a StartupError for one that cannot be served
-    (no tools, a @tool with a signature that cannot work, no splits, a duplicate name)."""
-    from .environment import ToolSignatureError
-    from .service import environment_map
-
-    try:
-        return list(environment_map(environments))
-    except (ToolSignatureError, TypeError, ValueError) as exc:
-        raise StartupError(str(exc)) from None
 
 
 def _port(text: str) -> int:
@@ -181,8 +166,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
     serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
-    serve.add_argument("--session-timeout", type=_positive_number(float), default=900.0, metavar="SECONDS",
-                       help="seconds before an idle session is reaped")
+    serve.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
+                       metavar="SECONDS", help="seconds before an idle session is reaped")
     serve.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
                        help="most episodes open at once; more fail with TOO_MANY_SESSIONS (default: no limit)")
     serve.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
@@ -196,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
     serve.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
                        help="register a Toolset that episodes may attach by name (toolset_name); repeatable")
-    serve.add_argument("--setup-wait", type=_positive_number(float), default=25.0, metavar="SECONDS",
+    serve.add_argument("--setup-wait", type=_positive_number(float), default=DEFAULT_SETUP_WAIT_S, metavar="SECONDS",
                        help="seconds a session call waits for setup before answering 'still starting' (503)")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
@@ -228,170 +213,24 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_http_limits(parser: argparse.ArgumentParser) -> None:
     """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
-    parser.add_argument("--http-header-timeout", type=_positive_number(float), default=30.0, metavar="SECONDS",
+    defaults = serving.HttpLimits()
+    parser.add_argument("--http-header-timeout", type=_positive_number(float), default=defaults.header_timeout_s,
+                        metavar="SECONDS",
                         help="seconds a connection may take to send a request head (and stay idle between requests)")
-    parser.add_argument("--http-body-timeout", type=_positive_number(float), default=60.0, metavar="SECONDS",
+    parser.add_argument("--http-body-timeout", type=_positive_number(float), default=defaults.body_timeout_s,
+                        metavar="SECONDS",
                         help="seconds a request body may take to arrive")
     parser.add_argument("--http-max-connections", type=_positive_number(int), default=None, metavar="N",
                         help="open HTTP connections at most (default: 3/4 of the file descriptor limit, "
                              "at most 10,000); more are answered 503")
 
 
-def _http_limits(args: argparse.Namespace) -> Any:
-    from http_bridge import HttpLimits
-
-    return HttpLimits(header_timeout_s=args.http_header_timeout, body_timeout_s=args.http_body_timeout,
-                      max_connections=args.http_max_connections)
-
-
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[asyncio.Event]:
-    """An event that SIGINT or SIGTERM sets from now on. Taken before any door
-    is announced, so a signal sent right after an announcement stops gracefully."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        yield stop
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-
-
-def _local_target(host: str, port: int) -> str:
-    """Where a co-located client reaches a server bound to `host`."""
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        host = "127.0.0.1"
-    return f"{host}:{port}"
-
-
-async def _bind(door: str, host: str, port: int, start: Awaitable[Any]) -> Any:
-    """Await a door's `start`; a port that cannot be bound is a StartupError naming the door."""
-    try:
-        return await start
-    except OSError as exc:
-        # asyncio's strerror is "error while attempting to bind on address (...): address already in use".
-        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
-        reason = reason[:1].lower() + reason[1:]
-        raise StartupError(f"{door} door: cannot listen on {host}:{port}: {reason}") from None
-
-
-async def _probe_port(host: str, port: int) -> None:
-    """Raise OSError if `port` on `host` cannot be listened on (taken by another program, `host`
-    unknown or not an address of this host). For the gRPC door: grpc reports only that binding
-    failed, after logging a C-level error line of its own."""
-    loop = asyncio.get_running_loop()
-    for family, kind, proto, _, address in await loop.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        with socket.socket(family, kind, proto) as probe:
-            # As grpc's own listener: a port held only by TIME_WAIT connections is free.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-            probe.listen()
-
-
-async def _start_metrics(host: str, metrics_port: int | None) -> tuple[Any, int | None]:
-    """The Prometheus /metrics server and its port when asked for, else (None, None)."""
-    if metrics_port is None:
-        return None, None
-    from .metrics import start_metrics_server
-
-    return await _bind("metrics", host, metrics_port, start_metrics_server(host, metrics_port))
-
-
-def _announce_doors(host: str, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
-                    *, scheme: str, serving: str) -> None:
-    """Once every door is bound: `DOOR listening on HOST:PORT` for each (tools parse these lines),
-    then one line for people, naming what is served and where."""
-    doors = [("gRPC", grpc_port, ""), ("HTTP", http_port, scheme), ("metrics", metrics_port, "http://")]
-    where = []
-    for door, port, prefix in doors:
-        if port is not None:
-            print(f"{door} listening on {host}:{port}", flush=True)
-            suffix = "/metrics" if door == "metrics" else ""
-            where.append(f"{door} {prefix}{host}:{port}{suffix}")
-    print(f"{serving}: {', '.join(where)}", flush=True)
-
-
-def _serving_line(names: Sequence[str]) -> str:
-    first, *others = names
-    return "serving " + ", ".join([f"{first} (default)", *others])
-
-
-async def serve_until_signal(
-    environments: Sequence[type], host: str, port: int, http_port: int | None, config: Any,
-    metrics_port: int | None = None, http_limits: Any = None, *, toolsets: Any = (),
-) -> None:
-    """Serve gRPC (and the HTTP bridge on `http_port`) until SIGINT/SIGTERM,
-    announcing the doors on stdout once all are bound; then stop gracefully.
-    With TLS both doors serve it, from the same certificate and key."""
-    from .server import create_server, in_process_channel
-
-    names = _check_environments(environments)
-    ssl_context = _https_context(config.tls_cert, config.tls_key)
-    await _bind("gRPC", host, port, _probe_port(host, port))
-    server, bound_port = await _bind(
-        "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
-    )
-    runner: Any = None
-    metrics_runner: Any = None
-    bound_http_port: int | None = None
-    try:
-        with _stop_signals() as stop:
-            if http_port is not None:
-                from http_bridge import start_bridge
-
-                # Same process: the bridge calls the service without a socket
-                # (the in-process channel and the service keep the message limit).
-                limits = {} if http_limits is None else {"http_limits": http_limits}
-                runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
-                    _local_target(host, bound_port), host, http_port,
-                    channel=in_process_channel(server), max_body_bytes=config.max_message_bytes,
-                    max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, **limits,
-                ))
-            metrics_runner, bound_metrics_port = await _start_metrics(host, metrics_port)
-            scheme = "https://" if ssl_context else "http://"
-            _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
-                            scheme=scheme, serving=_serving_line(names))
-            await stop.wait()
-    finally:
-        # All at once: an HTTP call waiting on a running tool ends when the
-        # gRPC stop cancels its stream after the grace period; stopping HTTP
-        # first would wait for it for aiohttp's shutdown timeout (60 s).
-        runners = [r for r in (runner, metrics_runner) if r is not None]
-        await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
-    logger.info("server_stopped")
-
-
-def _https_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """A server TLS context from PEM files, or None without them; a StartupError when they cannot serve."""
-    if not cert and not key:
-        return None
-    if not (cert and key):
-        raise StartupError("TLS needs both --tls-cert and --tls-key")
-    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
-        _check_readable(option, path)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(cert, key)
-    except ssl.SSLError as exc:
-        raise StartupError(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its key ({exc})") from None
-    return context
-
-
-def _check_readable(option: str, path: str) -> None:
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise StartupError(f"{option} {path}: {exc.strerror}") from None
+def _http_limits(args: argparse.Namespace) -> serving.HttpLimits:
+    return serving.HttpLimits(header_timeout_s=args.http_header_timeout, body_timeout_s=args.http_body_timeout,
+                              max_connections=args.http_max_connections)
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from .server import ServerConfig
-
     environments = [load_environment(spec) for spec in args.environments or [DEFAULT_ENVIRONMENT]]
     config = ServerConfig(
         session_timeout_s=args.session_timeout,
@@ -405,33 +244,19 @@ async def _serve(args: argparse.Namespace) -> None:
         setup_wait_s=args.setup_wait,
     )
     toolsets = [load_toolset(spec) for spec in args.toolsets]
-    await serve_until_signal(environments, args.host, args.port, args.http_port, config, args.metrics_port,
-                             _http_limits(args), toolsets=toolsets)
+    await serving.serve(environments, host=args.host, port=args.port, http_port=args.http_port,
+                        metrics_port=args.metrics_port, config=config, http_limits=_http_limits(args),
+                        toolsets=toolsets)
 
 
 async def _bridge(args: argparse.Namespace) -> None:
-    from http_bridge import start_bridge
-
-    ssl_context = _https_context(args.tls_cert, args.tls_key)
-    if args.backend_tls_root_cert:
-        _check_readable("--backend-tls-root-cert", args.backend_tls_root_cert)
-    runner, http_port = await _bind("HTTP", args.host, args.http_port, start_bridge(
-        args.backend, args.host, args.http_port, max_body_bytes=args.max_body_bytes or args.max_message_bytes,
-        max_message_bytes=args.max_message_bytes, http_limits=_http_limits(args), ssl_context=ssl_context,
-        tls_root_cert=args.backend_tls_root_cert, tls_server_name=args.backend_tls_server_name,
-    ))
-    metrics_runner = None
-    try:
-        with _stop_signals() as stop:
-            metrics_runner, metrics_port = await _start_metrics(args.host, args.metrics_port)
-            scheme = "https://" if ssl_context else "http://"
-            _announce_doors(args.host, None, http_port, metrics_port,
-                            scheme=scheme, serving=f"bridging onto gRPC backend {args.backend}")
-            await stop.wait()
-    finally:
-        await runner.cleanup()
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
+    options = serving.BridgeOptions(
+        max_message_bytes=args.max_message_bytes, max_body_bytes=args.max_body_bytes,
+        tls_cert=args.tls_cert, tls_key=args.tls_key,
+        backend_tls_root_cert=args.backend_tls_root_cert, backend_tls_server_name=args.backend_tls_server_name,
+    )
+    await serving.bridge(args.backend, host=args.host, http_port=args.http_port, metrics_port=args.metrics_port,
+                         options=options, http_limits=_http_limits(args))
 
 
 def _configure_logging(level: str) -> None:
@@ -475,8 +300,6 @@ def _exit_despite_stuck_user_code() -> None:
     ignores its episode's end) cannot be interrupted, and Python would wait
     for it at exit, so a stop signal would not stop the process.
     """
-    from .user_code import busy_user_code_threads
-
     stuck = busy_user_code_threads()
     if stuck:
         logger.warning("exiting_with_user_code_running threads=%d", stuck)

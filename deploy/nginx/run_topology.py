@@ -9,7 +9,7 @@ directory), and one or more stateless `ors-grpc bridge --backend <nginx>` in
 front. Every port is picked free on 127.0.0.1. It prints each process's
 addresses, then runs until Ctrl-C or SIGTERM and stops everything.
 
-Also a library: `Topology` (used by tests/test_scaleout.py and
+Also a library: `Topology` (used by tests/deploy/test_scaleout.py and
 bench/scaleout.py). nginx runs as a non-daemon child with its own pid file,
 error log and temp paths in the scratch directory, so no privileges are
 needed.

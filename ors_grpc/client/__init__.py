@@ -1,11 +1,11 @@
 """Python clients of the ORS gRPC service: `ORSClient` (blocking) and `AsyncORSClient`.
 
-Results are pure Python: `ors_grpc.types` models (ToolOutput, TextBlock,
+Results are pure Python: `ors_grpc.authoring.types` models (ToolOutput, TextBlock,
 ImageBlock, ToolSpec, Split, Message, GroupScore, TerminalToolSpec) and
 plain JSON values, never proto messages.
 """
 
-from ..types import (
+from ors_grpc.authoring.types import (
     GroupCandidate,
     GroupScore,
     ImageBlock,
@@ -16,12 +16,12 @@ from ..types import (
     ToolOutput,
     ToolSpec,
 )
-from ._tool_formats import Provider
-from .aio import AsyncEnvironment, AsyncORSClient
-from .errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolError, ToolFailedError
-from .session import AsyncSession
-from .sync import Environment, ORSClient, Session
-from .types import Health, Task
+from ors_grpc.client._tool_formats import Provider
+from ors_grpc.client.aio import AsyncEnvironment, AsyncORSClient
+from ors_grpc.client.errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolError, ToolFailedError
+from ors_grpc.client.session import AsyncSession
+from ors_grpc.client.sync import Environment, ORSClient, Session
+from ors_grpc.client.types import Health, Task
 
 __all__ = [
     "AsyncEnvironment",

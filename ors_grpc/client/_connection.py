@@ -8,14 +8,11 @@ from typing import Any, Optional
 
 import grpc
 
-from .._generated.ors.v1 import environment_service_pb2_grpc
-from ._episode_stream import EpisodeStreamPool
-from .errors import ORSServerError
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc
+from ors_grpc.client._episode_stream import EpisodeStreamPool
+from ors_grpc.client.errors import ORSServerError
+from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES, SESSION_ID_METADATA_KEY
 
-#: Default cap on a message either way; a tool result (a screenshot) may be megabytes.
-DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-SESSION_ID_METADATA_KEY = "x-session-id"
-API_KEY_METADATA_KEY = "x-api-key"
 #: Bounds ending an idle RunEpisode stream.
 _END_STREAM_TIMEOUT_S = 10.0
 

@@ -1,7 +1,7 @@
 """Proto messages to and from the client's pure Python types.
 
 Only this module touches the generated messages' fields; the rest of the client
-deals in `ors_grpc.types` models and plain JSON values. User JSON travels as
+deals in `ors_grpc.authoring.types` models and plain JSON values. User JSON travels as
 JSON text (`JsonValue.json`), so `json` does the lossless part: integers stay
 integers of any size, `1.0` stays a float, key order is kept.
 """
@@ -12,9 +12,9 @@ import base64
 import json
 from typing import Any, Mapping, Optional, Union
 
-from .. import _convert as _service_convert
-from .._generated.ors.v1 import environment_service_pb2, types_pb2
-from ..types import (
+from ors_grpc.protocol import convert as _service_convert
+from ors_grpc._generated.ors.v1 import environment_service_pb2, types_pb2
+from ors_grpc.authoring.types import (
     GroupCandidate,
     GroupScore,
     ImageBlock,

@@ -14,7 +14,7 @@ from typing import Callable
 
 import grpc
 
-from .._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 
 __all__ = ["EpisodeStream", "EpisodeStreamPool"]
 

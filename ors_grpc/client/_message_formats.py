@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..types import ImageBlock, Message, TextBlock
-from ._tool_formats import Provider
+from ors_grpc.authoring.types import ImageBlock, Message, TextBlock
+from ors_grpc.client._tool_formats import Provider
 
 __all__ = ["format_messages"]
 

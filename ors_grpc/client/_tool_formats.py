@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Sequence, Union
 
-from ..types import ToolSpec
+from ors_grpc.authoring.types import ToolSpec
 
 Provider = Literal["openai", "anthropic", "google", "openrouter"]
 

@@ -14,13 +14,13 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import grpc
 
-from .._generated.ors.v1 import environment_service_pb2 as pb
-from ..types import Split, TerminalToolSpec, ToolSpec
-from . import _convert
-from ._connection import DEFAULT_MAX_MESSAGE_BYTES, Connection
-from ._tool_formats import Provider, format_tools
-from .session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
-from .types import Health, Task
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc.authoring.types import Split, TerminalToolSpec, ToolSpec
+from ors_grpc.client import _convert
+from ors_grpc.client._connection import DEFAULT_MAX_MESSAGE_BYTES, Connection
+from ors_grpc.client._tool_formats import Provider, format_tools
+from ors_grpc.client.session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
+from ors_grpc.client.types import Health, Task
 
 __all__ = ["API_KEY_ENV_VAR", "AsyncEnvironment", "AsyncORSClient"]
 

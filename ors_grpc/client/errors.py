@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import grpc
 
-from .._generated.ors.v1 import errors_pb2
-from ..errors import ERROR_REASON_METADATA_KEY
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY
 
 __all__ = [
     "ORSServerError",

@@ -10,14 +10,14 @@ from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequen
 
 import grpc
 
-from .._generated.ors.v1 import environment_service_pb2 as pb
-from ..types import GroupCandidate, GroupScore, Message, TerminalToolSpec, ToolOutput, ToolSpec
-from . import _convert
-from ._connection import Connection
-from ._episode_stream import EpisodeStream
-from ._message_formats import format_messages
-from ._tool_formats import Provider, format_tools
-from .errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolFailedError
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc.authoring.types import GroupCandidate, GroupScore, Message, TerminalToolSpec, ToolOutput, ToolSpec
+from ors_grpc.client import _convert
+from ors_grpc.client._connection import Connection
+from ors_grpc.client._episode_stream import EpisodeStream
+from ors_grpc.client._message_formats import format_messages
+from ors_grpc.client._tool_formats import Provider, format_tools
+from ors_grpc.client.errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolFailedError
 
 T = TypeVar("T")
 

@@ -18,13 +18,13 @@ from typing import Any, Coroutine, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 
-from ..types import GroupCandidate, GroupScore, Message, Split, TerminalToolSpec, ToolOutput, ToolSpec
-from ._connection import DEFAULT_MAX_MESSAGE_BYTES
-from ._convert import Block
-from ._tool_formats import Provider
-from .aio import AsyncEnvironment, AsyncORSClient
-from .session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
-from .types import Health, Task
+from ors_grpc.authoring.types import GroupCandidate, GroupScore, Message, Split, TerminalToolSpec, ToolOutput, ToolSpec
+from ors_grpc.client._connection import DEFAULT_MAX_MESSAGE_BYTES
+from ors_grpc.client._convert import Block
+from ors_grpc.client._tool_formats import Provider
+from ors_grpc.client.aio import AsyncEnvironment, AsyncORSClient
+from ors_grpc.client.session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
+from ors_grpc.client.types import Health, Task
 
 __all__ = ["Environment", "ORSClient", "Session"]
 

@@ -1,4 +1,4 @@
-"""The client's own result types (the ORS data types come from `ors_grpc.types`)."""
+"""The client's own result types (the ORS data types come from `ors_grpc.authoring.types`)."""
 
 from __future__ import annotations
 

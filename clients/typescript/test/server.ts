@@ -1,7 +1,7 @@
 // Where the tests find the server: ORS_TARGET (host:port), and ORS_API_KEY
 // and ORS_TLS_CA (a PEM file to trust) when it needs them. The suites of
-// test/echoenv/ expect it to host `echoenv` (tests/environments.py), those of
-// test/openrewardenv/ `openrewardenv` (tests/openreward_dialect_env.py).
+// test/echoenv/ expect it to host `echoenv` (tests/support/environments.py), those of
+// test/openrewardenv/ `openrewardenv` (tests/support/openreward_dialect_env.py).
 import { readFileSync } from "node:fs";
 import type { ORSClientOptions } from "../src/index.js";
 

@@ -1,6 +1,6 @@
 // Warm episodes (Environment.prepare) and exactly-once tool calls (CallTool's
 // idempotency key) against a server hosting CountingWarmEnv
-// (tests/counting_warm_env.py). Its setups are numbered and recorded, one
+// (tests/support/counting_warm_env.py). Its setups are numbered and recorded, one
 // line each, in the `events` file of ORS_TEST_MARKER_DIR; an episode's prompt
 // names the setup that built it.
 import assert from "node:assert/strict";

@@ -1,6 +1,6 @@
 // Discovery and full episodes of `echoenv`, one RPC per step and on
-// RunEpisode streams. Run by tests/test_typescript_client.py against
-// `ors-grpc serve tests.environments:EchoEnv` (plain, with an API key, TLS).
+// RunEpisode streams. Run by tests/client/test_typescript.py against
+// `ors-grpc serve tests.support.environments:EchoEnv` (plain, with an API key, TLS).
 import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
 import {

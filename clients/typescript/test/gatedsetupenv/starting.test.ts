@@ -1,5 +1,5 @@
 // Calls made while an episode's setup still runs, against `gatedsetupenv`
-// (tests/gated_setup_env.py) served with a short `--setup-wait`: its setup
+// (tests/support/gated_setup_env.py) served with a short `--setup-wait`: its setup
 // ends when this test creates the file ORS_TEST_SETUP_GATE. The server
 // answers such calls ENVIRONMENT_STARTING; the client asks again.
 import assert from "node:assert/strict";

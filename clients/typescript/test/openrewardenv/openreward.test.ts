@@ -1,4 +1,4 @@
-// The openreward surface against `openrewardenv` (tests/openreward_dialect_env.py),
+// The openreward surface against `openrewardenv` (tests/support/openreward_dialect_env.py),
 // served with its GraderToolset registered (`--toolset`): messages, the
 // terminal tool, toolsets attached by name, group scoring, refusal reasons,
 // one RPC per step and on a RunEpisode stream.

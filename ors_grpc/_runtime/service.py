@@ -1,0 +1,671 @@
+"""The ORS gRPC servicer: every RPC of ors.v1.EnvironmentService.
+
+Handlers speak `ORSError`; `_answering` (around every handler) turns it into a
+status code, the message, and the `ors-error-reason` trailing metadata entry
+(see errors.py), and log one line per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
+
+import grpc
+
+from ors_grpc._version import __version__
+from ors_grpc.protocol import convert as _convert
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc.authoring.environment import Environment, find_terminal_tool, flatten_messages, tool_specs_of
+from ors_grpc._runtime.user_code import run_user_code as _run_user_code
+from ors_grpc.protocol.errors import ORSError, abort, environment_error, message_too_large
+from ors_grpc._runtime.sessions import SessionTable
+from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
+from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
+from ors_grpc.authoring.types import ListToolsOutput, Message, Split
+from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, SESSION_ID_METADATA_KEY
+
+__all__ = ["EnvironmentService", "environment_map", "toolset_map"]
+
+logger = logging.getLogger("ors_grpc.service")
+
+LISTING_UNSUPPORTED_MESSAGE = (
+    "list_tasks is not supported for this environment. "
+    "Use the index-based API (num_tasks + get_task) instead."
+)
+
+
+def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type[Environment]]:
+    """Environments by lower-cased class name, in registration order."""
+    env_map: dict[str, type[Environment]] = {}
+    for env_cls in environments:
+        if not (inspect.isclass(env_cls) and issubclass(env_cls, Environment)):
+            raise TypeError(f"{env_cls!r} is not an Environment subclass")
+        key = env_cls.name().lower()
+        if key in env_map:
+            raise ValueError(f"duplicate environment {key!r}")
+        listed = env_cls.list_tools()  # also checks the @terminal rules
+        if not listed.tools and listed.terminal_tool is None:
+            raise ValueError(f"Environment '{key}' has no tools defined. Add at least one @tool method.")
+        if not (env_cls._overrides("get_prompt") or env_cls._overrides("get_messages")):
+            raise ValueError(
+                f"Environment '{key}' implements neither get_prompt() nor get_messages(). "
+                f"Implement get_prompt() (or get_messages() for a conversation-shaped environment)."
+            )
+        if not inspect.iscoroutinefunction(env_cls.list_splits) and not env_cls.list_splits():
+            raise ValueError(
+                f"Environment '{key}' has no splits defined. "
+                "Implement list_splits() to return at least one split."
+            )
+        env_map[key] = env_cls
+    if not env_map:
+        raise ValueError("at least one environment is required")
+    return env_map
+
+
+async def run_user_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`user_code.run_user_code`, marking what the environment's code raised
+    (so that it is answered as ERROR_REASON_ENVIRONMENT_ERROR, not as a bug
+    of ours); the exception keeps its type for the callers that catch it."""
+    try:
+        return await _run_user_code(fn, *args, **kwargs)
+    except Exception as exc:
+        with contextlib.suppress(AttributeError):  # an exception class with __slots__
+            exc.ors_environment_code = True  # type: ignore[attr-defined]
+        raise
+
+
+def _raised_by_environment(exc: Exception) -> bool:
+    """Whether the environment's code raised `exc` (else it is a bug of ours)."""
+    return isinstance(exc, SessionCodeError) or getattr(exc, "ors_environment_code", False)
+
+
+ToolsetRegistry = Union[Sequence[type], Mapping[str, type]]
+
+
+def toolset_map(toolsets: ToolsetRegistry) -> dict[str, type]:
+    """Toolsets that sessions may attach by name: a mapping of names to
+    classes, or classes named by their `name()` (else class name)."""
+    if isinstance(toolsets, Mapping):
+        named = list(toolsets.items())
+    else:
+        named = [(_registered_name(cls), cls) for cls in toolsets]
+    registry: dict[str, type] = {}
+    for name, toolset_cls in named:
+        if not inspect.isclass(toolset_cls):
+            raise TypeError(f"toolset {name!r}: {toolset_cls!r} is not a class")
+        if name in registry:
+            raise ValueError(f"duplicate toolset {name!r}")
+        find_terminal_tool(toolset_cls)  # its @terminal rules, checked now rather than per session
+        registry[name] = toolset_cls
+    return registry
+
+
+def _registered_name(toolset_cls: type) -> str:
+    """A toolset's name: its `name()` (Toolset's is the class name), else the class name."""
+    name = getattr(toolset_cls, "name", None)
+    return name() if callable(name) else toolset_cls.__name__
+
+
+def _log_unexpected(method: str, exc: Exception) -> str:
+    logger.warning("rpc_error method=%s error_type=%s", method, type(exc).__name__, exc_info=exc)
+    if isinstance(exc, SessionCodeError):  # it names the user code's exception type already
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class SessionCodeError(Exception):
+    """A session's user code raised: the original type and message, with the
+    session's secrets masked (the message reaches the client and the log)."""
+
+
+async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
+    """Run one of a session's user code functions (prompt, task tools)."""
+    try:
+        return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop)
+    except Exception as exc:
+        # `from None`: the original, unmasked message must not reach the log.
+        raise SessionCodeError(f"{type(exc).__name__}: {session.redact(str(exc))}") from None
+
+
+def _step_error(step: str, exc: Exception) -> pb.StepError:
+    """What a RunEpisode step answers when it fails: the status its RPC would end with."""
+    if not isinstance(exc, ORSError):
+        message = _log_unexpected(step, exc)
+        if not _raised_by_environment(exc):
+            return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=message)
+        exc = environment_error(message)
+    return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=exc.message)
+
+
+@contextlib.asynccontextmanager
+async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """Map what a handler raises to a status (ORSError with its reason, bugs
+    to INTERNAL) and log one line per request."""
+    started = time.monotonic()
+    outcome = "OK"
+    try:
+        yield
+    except ORSError as error:
+        outcome = error.reason_name
+        await abort(context, error)
+    except grpc.aio.AbortError:
+        raise
+    except asyncio.CancelledError:
+        outcome = "CANCELLED"  # the client went away; a running tool goes on
+        raise
+    except Exception as exc:
+        message = _log_unexpected(method, exc)
+        if not _raised_by_environment(exc):
+            outcome = "INTERNAL"
+            await context.abort(grpc.StatusCode.INTERNAL, message)
+        error = environment_error(message)
+        outcome = error.reason_name
+        await abort(context, error)
+    finally:
+        logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
+                     method, outcome, (time.monotonic() - started) * 1000)
+
+
+def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A unary handler answering through `_answering`."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with _answering(handler.__name__, context):
+            return self._within_limit(await handler(self, request, context), f"the {handler.__name__} answer")
+
+    return wrapped
+
+
+def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """A server-streaming handler answering through `_answering`."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with _answering(handler.__name__, context):
+            async for message in handler(self, request, context):
+                yield self._within_limit(message, f"a {handler.__name__} message")
+
+    return wrapped
+
+
+def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
+    """The request's session id, else the `x-session-id` metadata entry.
+    (EnvironmentService._session_id also checks that both agree.)"""
+    sid = request.session_id.strip() or _metadata_session_id(context)
+    if not sid:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is required")
+    return sid
+
+
+def _api_key(context: grpc.aio.ServicerContext) -> str:
+    """The request's `x-api-key` metadata entry ("" without one): a prepared
+    episode is claimed only under the key it was prepared with."""
+    for key, value in context.invocation_metadata() or ():
+        if key == API_KEY_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return ""
+
+
+def _metadata_session_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == SESSION_ID_METADATA_KEY:
+            return value.strip()
+    return ""
+
+
+def _new_session_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _stream_session_id(named: str, stream_sid: str | None) -> str:
+    """The episode a RunEpisode step acts on: the stream's own (`named`, the
+    step's `session_id`, may be empty or must say the same)."""
+    if stream_sid is None:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "no episode on this stream: create one first")
+    if named.strip() not in ("", stream_sid):
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
+    return stream_sid
+
+
+def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
+    """A call's input object ({} when unset)."""
+    return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
+
+
+def _keyed_tool_call(session: Any, env: Environment, tool_call: Any, key: str) -> Any:
+    """The call of idempotency key `key`: started under it as its task id, or the one already started."""
+    if tool_call.task_id:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                       "give either call.task_id (attach) or idempotency_key, not both")
+    name, tool_input = tool_call.name, _tool_input(tool_call)
+    return session.calls.run_once(
+        key, call_fingerprint("tool", name, tool_input),
+        lambda task_id: session.calls.start(env, name, tool_input, task_id=task_id),
+    )
+
+
+def _keyed_scoring(session: Any, env: Environment, request: pb.ScoreGroupRequest) -> Any:
+    """The scoring of idempotency key `request.idempotency_key`, as `_keyed_tool_call`:
+    started under it, or the one already started with the same candidates."""
+    if request.task_id:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                       "give either task_id (attach) or idempotency_key, not both")
+    candidates = _convert.group_candidates_from_proto(request.candidates)
+    sent = [candidate.model_dump(mode="json") for candidate in candidates]
+    return session.calls.run_once(
+        request.idempotency_key, call_fingerprint("score_group", "", sent),
+        lambda task_id: session.calls.start_scoring(env, candidates, task_id=task_id),
+    )
+
+
+async def _scoring_outcome_event(session: Any, call: Any) -> pb.ScoreGroupResponse:
+    """Waits for a scoring to end: its scores, or its failure."""
+    outcome = await call.outcome()
+    session.touch()
+    if outcome.failure is None:
+        return pb.ScoreGroupResponse(result=pb.ScoreGroupResult(scores=_convert.group_scores_to_proto(outcome.result)))
+    return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
+
+
+def _session_tools(env: Environment, task_tools: ListToolsOutput, toolset: Any) -> ListToolsOutput:
+    """An episode's tools: shared, then task-specific, then its session
+    toolset's (which replace same-named ones); the terminal tool (the
+    toolset's, else the environment's) apart."""
+    listed = env.list_tools()
+    terminal = listed.terminal_tool
+    tools = listed.tools + task_tools.tools
+    if toolset is not None:
+        terminal = find_terminal_tool(toolset) or terminal
+        toolset_tools = tool_specs_of(toolset)
+        replaced = {spec.name for spec in toolset_tools}
+        tools = [spec for spec in tools if spec.name not in replaced] + toolset_tools
+    if terminal is not None:
+        tools = [spec for spec in tools if spec.name != terminal.name]
+    return ListToolsOutput(
+        tools=tools, terminal_tool=terminal,
+        supports_score_group=listed.supports_score_group, message_block_types=listed.message_block_types,
+    )
+
+
+async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
+    """Waits for a call to end: its result, or its failure when the tool raised."""
+    outcome = await call.outcome()
+    session.touch()
+    if outcome.result is not None:
+        return pb.CallToolResponse(result=_convert.run_tool_output_to_proto(outcome.result))
+    return pb.CallToolResponse(failure=pb.ToolFailure(message=outcome.failure or ""))
+
+
+class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
+    """Serves ORS environments and owns their sessions."""
+
+    def __init__(
+        self, environments: Sequence[type[Environment]], sessions: SessionTable, toolsets: ToolsetRegistry = (),
+        *, max_message_bytes: int | None = None,
+    ) -> None:
+        self._envs = environment_map(environments)
+        self._sessions = sessions
+        self._toolsets = toolset_map(toolsets)
+        #: Answers larger than this fail with MESSAGE_TOO_LARGE (None: no check).
+        self._max_message_bytes = max_message_bytes
+
+    def _within_limit(self, message: Any, what: str) -> Any:
+        """`message`, unless it is over the message limit: then ORSError
+        MESSAGE_TOO_LARGE, raised here rather than by grpc (which would end
+        the call with no reason and log a traceback) and the same for the
+        in-process channel, which has no limit of its own."""
+        if self._max_message_bytes is not None:
+            size = message.ByteSize()
+            if size > self._max_message_bytes:
+                raise message_too_large(what, size, self._max_message_bytes)
+        return message
+
+    def _session_id(self, request: Any, context: grpc.aio.ServicerContext) -> str:
+        """The session a request names (see `_session_id`); a different
+        `x-session-id` metadata entry is refused unless it is the route key
+        of the RunEpisode stream that created the episode."""
+        sid = _session_id(request, context)
+        routed = _metadata_session_id(context)
+        if routed and routed != sid:
+            session = self._sessions.find(sid)
+            if session is None or session.route_key != routed:
+                raise ORSError(errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH,
+                               "the request's session_id and its x-session-id metadata name different sessions")
+        return sid
+
+    # Discovery -------------------------------------------------------------
+
+    def _env_cls(self, env_name: str) -> type[Environment]:
+        env_cls = self._envs.get(env_name.lower())
+        if env_cls is None:
+            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT, f"unknown environment {env_name!r}")
+        return env_cls
+
+    async def _splits(self, env_cls: type[Environment]) -> list[Split | str]:
+        return list(await run_user_code(env_cls.list_splits, on_loop=env_cls.sync_code_on_loop))
+
+    async def _check_split(self, env_cls: type[Environment], split: str) -> None:
+        names = [_convert.split_to_proto(s).name for s in await self._splits(env_cls)]
+        if split not in names:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_SPLIT, "Invalid split")
+
+    async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
+        await self._check_split(env_cls, split)
+        try:
+            return await run_user_code(env_cls.get_task, split, index, on_loop=env_cls.sync_code_on_loop)
+        except IndexError:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index") from None
+
+    @_unary
+    async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
+        return pb.HealthResponse(status="ok", open_sessions=self._sessions.open_count)
+
+    @_unary
+    async def Version(self, request: pb.VersionRequest, context: Any) -> pb.VersionResponse:
+        return pb.VersionResponse(version=__version__)
+
+    @_unary
+    async def ListEnvironments(self, request: Any, context: Any) -> pb.ListEnvironmentsResponse:
+        return pb.ListEnvironmentsResponse(names=list(self._envs))
+
+    @_unary
+    async def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
+        env_cls = self._env_cls(request.env_name)
+        return pb.ListToolsResponse(**_convert.tool_listing(env_cls.list_tools()))
+
+    @_unary
+    async def ListSplits(self, request: pb.ListSplitsRequest, context: Any) -> pb.ListSplitsResponse:
+        env_cls = self._env_cls(request.env_name)
+        return pb.ListSplitsResponse(splits=[_convert.split_to_proto(s) for s in await self._splits(env_cls)])
+
+    @_unary
+    async def ListTasks(self, request: pb.ListTasksRequest, context: Any) -> pb.ListTasksResponse:
+        env_cls = self._env_cls(request.env_name)
+        await self._check_split(env_cls, request.split)
+        try:
+            tasks = await run_user_code(env_cls.list_tasks, request.split, on_loop=env_cls.sync_code_on_loop)
+        except NotImplementedError:
+            raise ORSError(errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED, LISTING_UNSUPPORTED_MESSAGE) from None
+        return pb.ListTasksResponse(
+            tasks=[_convert.task_to_proto(task) for task in tasks], env_name=request.env_name
+        )
+
+    @_unary
+    async def NumTasks(self, request: pb.NumTasksRequest, context: Any) -> pb.NumTasksResponse:
+        env_cls = self._env_cls(request.env_name)
+        await self._check_split(env_cls, request.split)
+        num_tasks = await run_user_code(env_cls.num_tasks, request.split, on_loop=env_cls.sync_code_on_loop)
+        return pb.NumTasksResponse(num_tasks=num_tasks)
+
+    @_unary
+    async def GetTask(self, request: pb.GetTaskRequest, context: Any) -> pb.GetTaskResponse:
+        env_cls = self._env_cls(request.env_name)
+        task = await self._get_task(env_cls, request.split, request.index)
+        return pb.GetTaskResponse(task=_convert.task_to_proto(task))
+
+    @_unary
+    async def GetTaskRange(self, request: pb.GetTaskRangeRequest, context: Any) -> pb.GetTaskRangeResponse:
+        env_cls = self._env_cls(request.env_name)
+        await self._check_split(env_cls, request.split)
+        start = request.start if request.HasField("start") else None
+        stop = request.stop if request.HasField("stop") else None
+        try:
+            tasks = await run_user_code(
+                env_cls.get_task_range, request.split, start, stop, on_loop=env_cls.sync_code_on_loop
+            )
+        except IndexError:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index range") from None
+        return pb.GetTaskRangeResponse(tasks=[_convert.task_to_proto(task) for task in tasks])
+
+    # Sessions and episodes ---------------------------------------------------
+
+    @_unary
+    async def CreateSessionId(self, request: Any, context: Any) -> pb.CreateSessionIdResponse:
+        return pb.CreateSessionIdResponse(session_id=_new_session_id())
+
+    @_unary
+    async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
+        sid = self._session_id(request, context)
+        await self._create_episode(sid, request, api_key=_api_key(context))
+        return pb.CreateEpisodeResponse(session_id=sid)
+
+    @_unary
+    async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
+        return await self._prompt(self._session_id(request, context))
+
+    @_unary
+    async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
+        return await self._task_tools(self._session_id(request, context))
+
+    @_streaming
+    async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
+        sid = self._session_id(request, context)
+        async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
+            yield event
+
+    async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest, api_key: str = "") -> None:
+        self._sessions.check_can_create(sid)
+        env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
+        source = request.WhichOneof("task_source")
+        if source == "task_spec":
+            task_spec = _convert.load_json_object(request.task_spec, "task_spec")
+        elif source == "task_index":
+            task_spec = await self._get_task(env_cls, request.task_index.split, request.task_index.index)
+        else:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           "Provide either task_spec or both split and index, not both/neither")
+        toolset_cls = self._toolset_cls(request.toolset_name) if request.HasField("toolset_name") else None
+        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls)
+
+    def _toolset_cls(self, name: str) -> type:
+        toolset_cls = self._toolsets.get(name)
+        if toolset_cls is None:
+            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_TOOLSET,
+                           f"unknown toolset {name!r}; valid options are {sorted(self._toolsets)}")
+        return toolset_cls
+
+    async def _prompt(self, sid: str) -> pb.GetPromptResponse:
+        session, env = await self._sessions.ready(sid)
+        if env._overrides("get_prompt"):
+            blocks = await _session_code(session, env.get_prompt)
+        else:  # a conversation-shaped environment: its messages, flattened
+            blocks = flatten_messages(await self._session_messages(session, env))
+        return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
+
+    async def _session_messages(self, session: Any, env: Environment) -> Sequence[Any]:
+        """The environment's `get_messages`, validated as Messages."""
+        messages = await _session_code(session, env.get_messages)
+        return [Message.model_validate(m) if not isinstance(m, Message) else m for m in messages]
+
+    async def _messages(self, sid: str) -> pb.GetMessagesResponse:
+        session, env = await self._sessions.ready(sid)
+        if env._overrides("get_messages"):
+            messages = await self._session_messages(session, env)
+        else:  # the default: the prompt as one user message
+            messages = [Message(role="user", blocks=await _session_code(session, env.get_prompt))]
+        return pb.GetMessagesResponse(messages=_convert.messages_to_proto(messages))
+
+    async def _task_tools(self, sid: str) -> pb.ListTaskToolsResponse:
+        session, env = await self._sessions.ready(sid)
+        task_tools: ListToolsOutput = await _session_code(session, env.list_task_tools)
+        tools = _session_tools(env, task_tools, session.calls.toolset)
+        return pb.ListTaskToolsResponse(**_convert.tool_listing(tools))
+
+    async def _scoring_session(self, sid: str) -> tuple[Any, Environment]:
+        """The session and environment, once set up, if it implements score_group."""
+        session, env = await self._sessions.ready(sid)
+        if not env._supports_score_group():
+            raise ORSError(errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED,
+                           f"Environment {session.env_cls.name().lower()!r} does not implement score_group")
+        return session, env
+
+    async def _scoring(self, sid: str, request: pb.ScoreGroupRequest) -> tuple[Any, Any]:
+        """The session and its scoring: a new one, the one of `task_id`, or the one of its idempotency key."""
+        session, env = await self._scoring_session(sid)
+        if request.idempotency_key:
+            return session, _keyed_scoring(session, env, request)
+        if request.task_id:
+            return session, session.calls.attach(request.task_id, SCORE_GROUP)
+        candidates = _convert.group_candidates_from_proto(request.candidates)
+        return session, session.calls.start_scoring(env, candidates)
+
+    async def _score_events(self, sid: str, request: pb.ScoreGroupRequest) -> AsyncIterator[pb.ScoreGroupResponse]:
+        """A scoring's task id, then its result or failure (ScoreGroup's events)."""
+        session, call = await self._scoring(sid, request)
+        yield pb.ScoreGroupResponse(task_id=call.task_id)
+        yield await _scoring_outcome_event(session, call)
+
+    async def _stream_scoring(self, step: pb.ScoreGroupStep, stream_sid: str | None) -> pb.ScoreGroupResponse:
+        """A RunEpisode score_group step: the scoring gets the client's task id; its outcome."""
+        session, env = await self._scoring_session(_stream_session_id("", stream_sid))
+        candidates = _convert.group_candidates_from_proto(step.candidates)
+        call = session.calls.start_scoring(env, candidates, task_id=step.task_id)
+        return await _scoring_outcome_event(session, call)
+
+    @_unary
+    async def GetMessages(self, request: pb.GetMessagesRequest, context: Any) -> pb.GetMessagesResponse:
+        return await self._messages(self._session_id(request, context))
+
+    @_streaming
+    async def ScoreGroup(self, request: pb.ScoreGroupRequest, context: Any) -> AsyncIterator[pb.ScoreGroupResponse]:
+        async for event in self._score_events(self._session_id(request, context), request):
+            yield event
+
+    async def _call_events(
+        self, sid: str, tool_call: Any, idempotency_key: str = ""
+    ) -> AsyncIterator[pb.CallToolResponse]:
+        """A call's task id, then its result or failure (CallTool's events)."""
+        session, env = await self._sessions.ready(sid)
+        if idempotency_key:
+            call = _keyed_tool_call(session, env, tool_call, idempotency_key)
+        elif tool_call.task_id:
+            call = session.calls.attach(tool_call.task_id)
+        else:
+            call = session.calls.start(env, tool_call.name, _tool_input(tool_call))
+        yield pb.CallToolResponse(task_id=call.task_id)
+        yield await _outcome_event(session, call)
+
+    async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.CallToolResponse:
+        """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
+        # A ToolCallStep names no session: it always acts on the stream's.
+        session, env = await self._sessions.ready(_stream_session_id("", stream_sid))
+        call = session.calls.start(env, step.name, _tool_input(step), task_id=step.task_id)
+        return await _outcome_event(session, call)
+
+    @_unary
+    async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
+        self._sessions.get(self._session_id(request, context))
+        return pb.PingResponse(status="ok")
+
+    @_unary
+    async def DeleteEpisode(self, request: pb.DeleteEpisodeRequest, context: Any) -> pb.DeleteEpisodeResponse:
+        sid = self._session_id(request, context)
+        await self._sessions.delete(sid)
+        return pb.DeleteEpisodeResponse(session_id=sid)
+
+    @_unary
+    async def DeleteSessionId(
+        self, request: pb.DeleteSessionIdRequest, context: Any
+    ) -> pb.DeleteSessionIdResponse:
+        sid = self._session_id(request, context)
+        await self._sessions.delete(sid)
+        return pb.DeleteSessionIdResponse(session_id=sid)
+
+    # One episode over one stream ----------------------------------------------
+
+    @_streaming
+    async def RunEpisode(
+        self, requests: AsyncIterator[pb.RunEpisodeRequest], context: Any
+    ) -> AsyncIterator[pb.RunEpisodeResponse]:
+        """Answers each step in order, once. An episode ends with a `delete`
+        step only (then a `create` may start the next): grpc.aio ends the
+        request iterator the same way on a half-close and on a cancelled call,
+        so the end of the stream cannot tell a done client from a broken
+        connection (whose episode must stay reachable, to attach to a call)."""
+        sid: str | None = None
+        async for request in requests:
+            step = request.WhichOneof("step")
+            try:
+                if step == "create":
+                    sid = await self._create_stream_episode(request.create, sid, context)
+                    answer = pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
+                elif step == "delete":
+                    deleted = _stream_session_id(request.delete.session_id, sid)
+                    await self._sessions.delete(deleted)
+                    sid = None
+                    answer = pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=deleted))
+                else:
+                    answer = await self._episode_step(step, request, sid)
+                answer = self._within_limit(answer, f"the answer to the {step} step")
+            except Exception as exc:
+                answer = pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
+            yield answer
+
+    async def _create_stream_episode(
+        self, request: pb.CreateEpisodeRequest, stream_sid: str | None, context: Any
+    ) -> str:
+        if stream_sid is not None:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           "the stream's episode is still open: delete it before creating another")
+        # Not the metadata's id: that routes the stream, which may carry many episodes.
+        sid = request.session_id.strip() or _new_session_id()
+        await self._create_episode(sid, request, api_key=_api_key(context))
+        route_key = _metadata_session_id(context)
+        if route_key and route_key != sid:
+            # The episode's per-step RPCs may be routed by the stream's key.
+            self._sessions.get(sid).route_key = route_key
+        return sid
+
+    async def _episode_step(
+        self, step: str | None, request: pb.RunEpisodeRequest, stream_sid: str | None
+    ) -> pb.RunEpisodeResponse:
+        """The answer to a step within an episode."""
+        if step == "get_prompt":
+            prompt = await self._prompt(_stream_session_id(request.get_prompt.session_id, stream_sid))
+            return pb.RunEpisodeResponse(get_prompt=prompt)
+        if step == "list_task_tools":
+            tools = await self._task_tools(_stream_session_id(request.list_task_tools.session_id, stream_sid))
+            return pb.RunEpisodeResponse(list_task_tools=tools)
+        if step == "call_tool":
+            return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
+        if step == "get_messages":
+            messages = await self._messages(_stream_session_id(request.get_messages.session_id, stream_sid))
+            return pb.RunEpisodeResponse(get_messages=messages)
+        if step == "score_group":
+            return pb.RunEpisodeResponse(score_group=await self._stream_scoring(request.score_group, stream_sid))
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")
+
+    # Warm episodes (an ORS extension) ----------------------------------------
+
+    @_unary
+    async def PrepareEpisodes(
+        self, request: pb.PrepareEpisodesRequest, context: Any
+    ) -> pb.PrepareEpisodesResponse:
+        env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
+        task_specs = await self._tasks_to_prepare(env_cls, request)
+        self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context))
+        return pb.PrepareEpisodesResponse(preparing=len(task_specs), ttl_seconds=self._sessions.warm.ttl_s)
+
+    async def _tasks_to_prepare(
+        self, env_cls: type[Environment], request: pb.PrepareEpisodesRequest
+    ) -> list[dict[str, Any]]:
+        """The task specs of a PrepareEpisodes request: given, or looked up by split and index."""
+        by_index = bool(request.split or request.indices)
+        if bool(request.task_specs) == by_index or (by_index and not (request.split and request.indices)):
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           "Provide either task_specs or both split and indices, not both/neither")
+        if max(len(request.task_specs), len(request.indices)) > MAX_PREPARE_PER_REQUEST:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           f"at most {MAX_PREPARE_PER_REQUEST} episodes per request")
+        if request.task_specs:
+            return [_convert.load_json_object(spec, f"task_specs[{i}]") for i, spec in enumerate(request.task_specs)]
+        return [await self._get_task(env_cls, request.split, index) for index in request.indices]

@@ -1,0 +1,299 @@
+"""The session table: episodes by session id, their background setup, the reaper.
+
+Creating an episode answers at once; the environment is constructed (its
+session toolset, if one was named, attached) and set up in a background
+task, and session-scoped calls wait for it (`ready`), for at most
+`setup_wait_s`: then they fail with ENVIRONMENT_STARTING, to be retried.
+Sessions idle for `session_timeout_s` are reaped (teardown included) unless a
+tool call is in flight. Deleting cancels a running setup, releases the tool
+calls and runs `teardown()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from typing import Any, Iterable
+
+from ors_grpc.observability import metrics
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools
+from ors_grpc._runtime.exclusive_gate import ExclusiveGate
+from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
+from ors_grpc.protocol.errors import ORSError
+from ors_grpc._runtime.session import Session
+from ors_grpc._runtime.tool_calls import SessionToolCalls
+from ors_grpc._runtime.warm_pool import WarmPool
+from ors_grpc.protocol.constants import DEFAULT_SETUP_WAIT_S, DEFAULT_WARM_TTL_S
+
+__all__ = ["Session", "SessionTable", "redactor"]
+
+logger = logging.getLogger("ors_grpc.sessions")
+
+# Seconds deletion waits for a synchronous setup (which cannot be interrupted)
+# to end before giving up on tearing its environment down.
+SETUP_STOP_WAIT_S = 30.0
+ENVIRONMENT_STARTING_MESSAGE = "Environment still starting."
+
+
+def _no_secrets(text: str) -> str:
+    return text
+
+
+def redactor(secret_values: Iterable[str]):
+    """A function that masks the given secret values in a text (for logs)."""
+    values = sorted((v for v in secret_values if v), key=len, reverse=True)
+    if not values:
+        return _no_secrets  # one shared function, not a closure per session
+
+    def redact(text: str) -> str:
+        for value in values:
+            text = text.replace(value, "***")
+        return text
+
+    return redact
+
+
+def _overrides(env: Environment, hook: str) -> bool:
+    """Whether `env` replaces the base class's no-op `setup`/`teardown`.
+    When it does not, the call is skipped: no worker-thread round trip for nothing."""
+    return getattr(type(env), hook) is not getattr(Environment, hook) or hook in getattr(env, "__dict__", {})
+
+
+class SessionTable:
+    """Every session of the server, owned by the service."""
+
+    def __init__(
+        self,
+        *,
+        session_timeout_s: float,
+        reaper_interval_s: float,
+        result_linger_s: float,
+        max_sessions: int | None = None,
+        tool_timeout_s: float | None = None,
+        warm_ttl_s: float = DEFAULT_WARM_TTL_S,
+        setup_wait_s: float = DEFAULT_SETUP_WAIT_S,
+    ) -> None:
+        self._setup_wait_s = setup_wait_s
+        self._timeout_s = session_timeout_s
+        self._reaper_interval_s = reaper_interval_s
+        self._linger_s = result_linger_s
+        self._max_sessions = max_sessions
+        self._tool_timeout_s = tool_timeout_s
+        self._sessions: dict[str, Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        #: Episodes prepared ahead (PrepareEpisodes), held outside the table until claimed.
+        self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._sessions)
+
+    def start(self) -> None:
+        """Start the reaper (needs a running loop)."""
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(), name="ors-reaper")
+
+    def create(
+        self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
+        api_key: str = "", toolset_cls: type | None = None,
+    ) -> Session:
+        """Register an episode and start its construction (with its session
+        toolset's, `toolset_cls`) and setup, or claim a prepared one of the
+        same task, secrets and `api_key` (warm_pool; prepared episodes have
+        no session toolset, so a creation with one never claims)."""
+        self.check_can_create(sid)
+        session = None if toolset_cls is not None else self.warm.claim(env_cls, task_spec, secrets, api_key)
+        if session is None:
+            self._check_room(1)
+            session = self._start(sid, env_cls, task_spec, secrets, toolset_cls)
+        session.sid = sid
+        session.touch()
+        self._sessions[sid] = session
+        metrics.session_opened(env_cls)
+        # DEBUG: a training loop opens hundreds of sessions a second.
+        logger.debug("session_created env=%s", env_cls.name().lower())
+        return session
+
+    def prepare(
+        self, env_cls: type[Environment], task_specs: list[dict[str, Any]], secrets: dict[str, str],
+        api_key: str = "",
+    ) -> None:
+        """Start episodes of `task_specs` ahead, for `create` to claim (all or none: they count as sessions)."""
+        self._check_room(len(task_specs))
+        for task_spec in task_specs:
+            session = self._start(f"warm-{uuid.uuid4()}", env_cls, task_spec, secrets)
+            self.warm.hold(session, task_spec, secrets, api_key)
+
+    def _check_room(self, adding: int) -> None:
+        if self._max_sessions is not None and len(self._sessions) + self.warm.count + adding > self._max_sessions:
+            raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def _start(
+        self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
+        toolset_cls: type | None = None,
+    ) -> Session:
+        """A new session whose construction (with its session toolset's,
+        `toolset_cls`) and setup run in the background."""
+        redact = redactor(secrets.values())
+        sync_lock = asyncio.Lock()
+        exclusive = class_has_exclusive_tools(env_cls) or (
+            toolset_cls is not None and class_has_exclusive_tools(toolset_cls)
+        )
+        calls = SessionToolCalls(
+            linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact,
+            gate=ExclusiveGate() if exclusive else None,
+        )
+        session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
+        session.setup_task = asyncio.get_running_loop().create_task(
+            metrics.timed_setup(session, self._set_up(session, task_spec, secrets, toolset_cls)),
+            name=f"ors-setup-{sid}",
+        )
+        # A finished setup task is not kept (memory per idle session).
+        session.setup_task.add_done_callback(lambda _: setattr(session, "setup_task", None))
+        return session
+
+    def check_can_create(self, sid: str) -> None:
+        if sid in self._sessions:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
+        if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
+            raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def find(self, sid: str) -> Session | None:
+        """The session of `sid` if there is one (not marked active)."""
+        return self._sessions.get(sid)
+
+    def get(self, sid: str) -> Session:
+        """The session of `sid`, marked active."""
+        session = self._sessions.get(sid)
+        if session is None:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND, "Active environment not found")
+        session.touch()
+        return session
+
+    async def ready(self, sid: str) -> tuple[Session, Environment]:
+        """The session and its environment, once set up."""
+        session = self.get(sid)
+        if not session.ready.is_set():
+            try:
+                await asyncio.wait_for(session.ready.wait(), self._setup_wait_s)
+            except asyncio.TimeoutError:
+                raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING, ENVIRONMENT_STARTING_MESSAGE) from None
+        if session.deleted:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
+        if session.error is not None:
+            raise session.error
+        assert session.env is not None
+        return session, session.env
+
+    async def delete(self, sid: str) -> None:
+        """End the episode of `sid`, if any. Idempotent."""
+        session = self._sessions.pop(sid, None)
+        if session is None:
+            return
+        metrics.session_closed()
+        await self.end(session)
+        logger.debug("session_deleted")
+
+    async def end(self, session: Session) -> None:
+        """Stop a session's setup and calls and tear it down (it is out of the table)."""
+        session.deleted = True
+        session.mark_ready()  # wake waiters: they answer "Session deleted"
+        await self._stop_setup(session)
+        await session.calls.release()
+        if session.env is not None:
+            await self._tear_down(session)
+
+    async def close(self) -> None:
+        """Stop the reaper and end every session."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.wait({self._reaper})
+            self._reaper = None
+        await asyncio.gather(self.warm.close(), *(self.delete(sid) for sid in list(self._sessions)))
+
+    async def _stop_setup(self, session: Session) -> None:
+        """Stop a running setup. Async setup is cancelled; synchronous code in
+        a thread cannot be, so it is waited for: a sync `setup()` that ends
+        well leaves an environment that `delete` then tears down (as the
+        reference SDK, whose sync setup runs to its end, would)."""
+        task = session.setup_task
+        if task is None or task.done():
+            return
+        if not session.setup_in_thread:
+            task.cancel()
+        _, still_running = await asyncio.wait({task}, timeout=SETUP_STOP_WAIT_S)
+        if still_running:
+            # Its own task tears the environment down if setup ever ends well.
+            session.setup_abandoned = True
+            logger.warning("setup_still_running_after_delete waited_s=%s", SETUP_STOP_WAIT_S)
+
+    async def _run_setup_step(self, session: Session, fn: Any) -> Any:
+        on_loop = session.env_cls.sync_code_on_loop
+        session.setup_in_thread = runs_in_worker_thread(fn, on_loop)
+        try:
+            return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=on_loop)
+        finally:
+            session.setup_in_thread = False
+
+    async def _set_up(
+        self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], toolset_cls: type | None
+    ) -> None:
+        started = time.monotonic()
+        try:
+            env = await self._run_setup_step(
+                session, functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets)
+            )
+            if session.deleted:
+                return  # deleted while constructing: setup never ran, nothing to tear down
+            if toolset_cls is not None:
+                session.calls.toolset = await self._run_setup_step(session, functools.partial(toolset_cls, env))
+            if _overrides(env, "setup"):
+                await self._run_setup_step(session, env.setup)
+        except Exception as exc:
+            # The message reaches clients and logs: mask the session's secrets.
+            message = session.redact(str(exc) or type(exc).__name__)
+            session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, message)
+            logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, message)
+        else:
+            session.env = env
+            logger.debug("setup_completed duration_ms=%.1f", (time.monotonic() - started) * 1000)
+            if session.setup_abandoned:  # deletion stopped waiting for this setup
+                await self._tear_down(session)
+        finally:
+            session.mark_ready()
+
+    async def _tear_down(self, session: Session) -> None:
+        assert session.env is not None
+        if not _overrides(session.env, "teardown"):
+            return
+        try:
+            await run_user_code(
+                session.env.teardown, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop
+            )
+        except Exception as exc:
+            logger.warning("teardown_failed error_type=%s error=%s",
+                           type(exc).__name__, session.redact(str(exc)))
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._reaper_interval_s)
+            try:
+                await self.reap()
+            except Exception:  # a bug here must not stop the reaping for good
+                logger.exception("reaper_failed")
+
+    async def reap(self) -> None:
+        """Delete sessions idle longer than the timeout, unless a call is in flight."""
+        now = time.monotonic()
+        expired = [
+            sid for sid, session in self._sessions.items()
+            if session.idle_for(now) > self._timeout_s and not session.calls.in_flight
+        ]
+        if expired:
+            logger.info("sessions_expired count=%d", len(expired))
+            metrics.SESSIONS_REAPED.inc(len(expired))
+            await asyncio.gather(*(self.delete(sid) for sid in expired))

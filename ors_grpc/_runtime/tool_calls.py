@@ -1,0 +1,282 @@
+"""Tool calls of one session, run as tasks that outlive the RPC that started them.
+
+A call gets a task id (uuid4 hex) at once; the tool then runs in its own
+asyncio task, so a client that drops its stream cancels only its watching,
+never the tool, and can attach again by task id. A finished call's outcome
+stays attachable for `linger_s`. Task ids belong to their session: the
+registry is per session, so another session cannot find them. Group
+scorings (ScoreGroup) run the same way, beside the tool calls.
+
+The episode invariants live here too: once a tool returned `finished=True`
+further calls are refused (and a call that ran meanwhile gets the same
+refusal: the first finished result wins); calls to the same tool run one at
+a time, unless the tool is `concurrent`; an `exclusive` or terminal tool runs
+alone in its session (see `exclusive_gate`, which only sessions with such a
+tool have).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
+
+from ors_grpc.observability import metrics
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool
+from ors_grpc.protocol.errors import ORSError
+from ors_grpc._runtime.exclusive_gate import ExclusiveGate
+from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
+from ors_grpc._runtime.user_code import run_user_code
+
+__all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask", "call_fingerprint"]
+
+logger = logging.getLogger("ors_grpc.tool_calls")
+
+#: The refusal of a call after the episode finished, as openreward words it.
+EPISODE_FINISHED = (
+    "{name!r} was not run: the episode has finished (a tool returned finished=True), "
+    "so no further tool calls are accepted."
+)
+#: The kinds of work a task id may name; attaching checks it.
+TOOL_CALL, SCORE_GROUP = "tool call", "group scoring"
+# Seconds `release` waits for cancelled tool calls to end.
+RELEASE_WAIT_S = 10.0
+#: Longest task id a client may choose (RunEpisode's call_tool steps).
+MAX_TASK_ID_LENGTH = 128
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A call's end: the tool's result (or tool-level error) or a scoring's
+    scores, else the message of the exception it raised."""
+
+    result: RunToolOutput | list[GroupScore] | None = None
+    failure: str | None = None
+
+
+def _refused_as_finished(name: str) -> CallOutcome:
+    return CallOutcome(result=RunToolOutput(RunToolError(error=EPISODE_FINISHED.format(name=name),
+                                                         reason="episode_finished")))
+
+
+async def _at_once(outcome: CallOutcome) -> CallOutcome:
+    return outcome
+
+
+def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
+    """What an idempotency key is bound to: the kind of call (`tool`,
+    `score_group`), its name (none for a scoring) and its input (a tool's
+    input, a scoring's candidates) as canonical JSON (keys sorted), hashed."""
+    text = json.dumps([kind, name, tool_input], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ToolCallTask:
+    """One tool call (or group scoring), running or finished."""
+
+    #: The call's `call_fingerprint` when it was started under an idempotency key.
+    fingerprint: str | None = None
+
+    def __init__(self, task_id: str, task: asyncio.Task[CallOutcome], kind: str = TOOL_CALL) -> None:
+        self.task_id = task_id
+        self._task = task
+        self.kind = kind
+
+    @property
+    def done(self) -> bool:
+        return self._task.done()
+
+    async def outcome(self) -> CallOutcome:
+        """Wait for the outcome. Cancelling this wait leaves the tool running."""
+        await asyncio.wait({self._task})
+        if self._task.cancelled():  # only `release` cancels: the session ended
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
+        return self._task.result()
+
+    def cancel(self) -> asyncio.Task[CallOutcome]:
+        """Cancel the tool's task; returns it, to wait for its end."""
+        self._task.cancel()
+        return self._task
+
+
+class SessionToolCalls:
+    """The tool calls of one session: start, attach, release."""
+
+    def __init__(
+        self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str,
+        gate: ExclusiveGate | None = None,
+    ) -> None:
+        self._linger_s = linger_s
+        self._sync_lock = sync_lock
+        self._timeout_s = timeout_s
+        self._redact = redact
+        self._calls: dict[str, ToolCallTask] = {}
+        self._evictions: dict[str, asyncio.TimerHandle] = {}
+        self._tool_locks: dict[str, asyncio.Lock] = {}
+        #: Only for sessions with an exclusive tool: other calls then pass it shared.
+        self._gate = gate
+        #: The session's toolset (attached by name at creation), once set up.
+        self.toolset: Any = None
+        self.finished = False
+        #: monotonic time the last call completed (counts as session activity).
+        self.last_completed = 0.0
+
+    @property
+    def in_flight(self) -> bool:
+        return any(not call.done for call in self._calls.values())
+
+    def start(
+        self, env: Environment, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
+    ) -> ToolCallTask:
+        """Runs a call under `task_id` (the client's choice), else a new one."""
+        return self._start(lambda: self._run(env, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
+
+    def start_scoring(
+        self, env: Environment, candidates: Sequence[GroupCandidate], *, task_id: str | None = None
+    ) -> ToolCallTask:
+        """Runs `env.score_group(candidates)` as a call would run (a task id,
+        apart from the stream), under `task_id` or a new one."""
+        return self._start(lambda: self._score(env, candidates), "ors-score-group", task_id, SCORE_GROUP)
+
+    def _start(
+        self, work: Callable[[], Awaitable[CallOutcome]], label: str, task_id: str | None, kind: str
+    ) -> ToolCallTask:
+        if task_id is None:
+            task_id = uuid.uuid4().hex
+        elif not 0 < len(task_id) <= MAX_TASK_ID_LENGTH:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           f"task_id must be 1 to {MAX_TASK_ID_LENGTH} characters")
+        elif task_id in self._calls:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "task_id is already in use in this session")
+        task = asyncio.get_running_loop().create_task(work(), name=f"{label}-{task_id}")
+        call = ToolCallTask(task_id, task, kind)
+        self._calls[task_id] = call
+        task.add_done_callback(lambda _: self._on_done(task_id))
+        return call
+
+    def run_once(self, key: str, fingerprint: str, start: Callable[[str], ToolCallTask]) -> ToolCallTask:
+        """The call of idempotency key `key`: the one already started under
+        it (same fingerprint, else IDEMPOTENCY_KEY_REUSED), else a new one,
+        `start(key)`, with `key` as its task id. Shared by every kind of call
+        that takes a key (CallTool, ScoreGroup)."""
+        call = self._calls.get(key)
+        if call is None:
+            call = start(key)
+            call.fingerprint = fingerprint
+        elif call.fingerprint != fingerprint:
+            raise ORSError(errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED,
+                           "this idempotency key already names another call of this session "
+                           "(another tool, input or candidates)")
+        return call
+
+    def attach(self, task_id: str, kind: str = TOOL_CALL) -> ToolCallTask:
+        """The call of `task_id`, if it is of this kind (a tool call's id does
+        not attach a scoring, nor the other way round)."""
+        call = self._calls.get(task_id)
+        if call is None or call.kind != kind:
+            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID, "unknown task_id")
+        return call
+
+    async def release(self) -> None:
+        """Cancel running calls and forget every call (the session ended)."""
+        for handle in self._evictions.values():
+            handle.cancel()
+        self._evictions.clear()
+        calls, self._calls = list(self._calls.values()), {}
+        cancelled = {call.cancel() for call in calls if not call.done}
+        if cancelled:
+            # Bounded: a tool that swallows its cancellation must not hang deletion.
+            _, still_running = await asyncio.wait(cancelled, timeout=RELEASE_WAIT_S)
+            if still_running:
+                logger.warning("tool_calls_ignored_cancellation count=%d", len(still_running))
+
+    def _on_done(self, task_id: str) -> None:
+        self.last_completed = time.monotonic()
+        if task_id in self._calls:
+            loop = asyncio.get_running_loop()
+            self._evictions[task_id] = loop.call_later(self._linger_s, self._evict, task_id)
+
+    def _evict(self, task_id: str) -> None:
+        self._evictions.pop(task_id, None)
+        self._calls.pop(task_id, None)
+
+    async def _run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+        """Takes the call's turn (per-tool lock, the gate) and runs it."""
+        fn = env._resolve_tool(name, self.toolset)
+        if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
+            return await metrics.timed_tool_call(env, name, _at_once(CallOutcome(result=fn)))
+        if self.finished:
+            return _refused_as_finished(name)
+        if is_exclusive_tool(fn):
+            if self._gate is None:  # a tool the class scan did not see (set on the instance)
+                self._gate = ExclusiveGate()
+            async with self._gate.exclusive():
+                return await self._run_in_turn(env, name, fn, tool_input)
+        gate = self._gate
+        if is_concurrent_tool(fn):
+            if gate is None:
+                return await self._run_in_turn(env, name, fn, tool_input)
+            async with gate.shared():
+                return await self._run_in_turn(env, name, fn, tool_input)
+        # The tool lock outside the gate: calls queued on a tool do not hold an exclusive one off.
+        async with self._tool_locks.setdefault(name, asyncio.Lock()):
+            if gate is None:
+                return await self._run_in_turn(env, name, fn, tool_input)
+            async with gate.shared():
+                return await self._run_in_turn(env, name, fn, tool_input)
+
+    async def _run_in_turn(
+        self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
+    ) -> CallOutcome:
+        # Checked again: a call queued behind a finishing one must not run.
+        if self.finished:
+            return _refused_as_finished(name)
+        return await metrics.timed_tool_call(env, name, self._run_tool(env, name, fn, tool_input))
+
+    async def _run_tool(
+        self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
+    ) -> CallOutcome:
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(
+                env._run_tool_fn(name, fn, tool_input, sync_lock=self._sync_lock), self._timeout_s
+            )
+        except asyncio.TimeoutError:
+            logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
+            return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")
+        except Exception as exc:
+            # The message reaches clients and logs: mask the session's secrets.
+            message = self._redact(str(exc) or type(exc).__name__)
+            logger.warning("tool_failed tool=%s error_type=%s error=%s", name, type(exc).__name__, message)
+            return CallOutcome(failure=message)
+        if result.root.ok and self.finished:
+            # Another call finished the episode while this one ran: the first finished result wins.
+            return _refused_as_finished(name)
+        if result.root.ok and result.root.output.finished:
+            self.finished = True
+        logger.debug("tool_completed tool=%s ok=%s duration_ms=%.1f",
+                     name, result.root.ok, (time.monotonic() - started) * 1000)
+        return CallOutcome(result=result)
+
+    async def _score(self, env: Environment, candidates: Sequence[GroupCandidate]) -> CallOutcome:
+        """One score per candidate (bare numbers become `GroupScore(reward=)`),
+        or the failure: the environment raised, or miscounted."""
+        try:
+            returned = await run_user_code(
+                env.score_group, list(candidates), sync_lock=self._sync_lock, on_loop=env.sync_code_on_loop
+            )
+            scores = [score if isinstance(score, GroupScore) else GroupScore(reward=float(score))
+                      for score in returned]
+            if len(scores) != len(candidates):
+                raise ValueError(f"score_group returned {len(scores)} scores for {len(candidates)} candidates")
+        except Exception as exc:
+            message = self._redact(str(exc) or type(exc).__name__)
+            logger.warning("score_group_failed error_type=%s error=%s", type(exc).__name__, message)
+            return CallOutcome(failure=message)
+        return CallOutcome(result=scores)

@@ -1,0 +1,143 @@
+"""Warm episodes: episodes prepared ahead of their creation (PrepareEpisodes).
+
+A trainer knows its next batch of tasks while the current one runs; setup is
+often the slow part of an episode (a sandbox boot). `SessionTable.prepare`
+starts episodes without a session and hands them to the pool; a later
+`SessionTable.create` of the same environment and task, with the same
+secrets and API key, claims the oldest at once (ready or still setting up)
+instead of starting a setup of its own.
+
+The claim key holds the task as canonical JSON (keys sorted) and, for the
+secrets and API key, an HMAC under a random per-process key: the pool never
+keeps a second copy of a secret in comparable form, and no log line names
+one. An episode not claimed within `ttl_s` after its setup ended is ended
+like a deleted one (`teardown()` included); so are those held when the
+server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import secrets as secrets_module
+from collections import deque
+from typing import Any, Awaitable, Callable
+
+from ors_grpc.observability import metrics
+from ors_grpc.protocol.convert import _jsonable
+
+from ors_grpc._runtime.session import Session
+from ors_grpc.authoring.environment import Environment
+
+__all__ = ["MAX_PREPARE_PER_REQUEST", "WarmPool"]
+
+logger = logging.getLogger("ors_grpc.warm_pool")
+
+#: Most episodes one PrepareEpisodes request may ask for.
+MAX_PREPARE_PER_REQUEST = 4096
+
+ClaimKey = tuple[type, str, bytes]
+
+
+class _Held:
+    """One prepared episode in the pool, and its expiry once its setup ended."""
+
+    __slots__ = ("session", "key", "expiry", "in_pool")
+
+    def __init__(self, session: Session, key: ClaimKey) -> None:
+        self.session = session
+        self.key = key
+        self.expiry: asyncio.TimerHandle | None = None
+        self.in_pool = True
+
+
+class WarmPool:
+    """Prepared episodes by claim key, oldest first."""
+
+    def __init__(self, *, ttl_s: float, end: Callable[[Session], Awaitable[None]]) -> None:
+        self.ttl_s = ttl_s
+        self._end = end
+        self._hmac_key = secrets_module.token_bytes(32)
+        self._held: dict[ClaimKey, deque[_Held]] = {}
+        self._count = 0
+        self._ending: set[asyncio.Task[None]] = set()
+
+    @property
+    def count(self) -> int:
+        """Episodes held now (preparing or ready); they count as sessions."""
+        return self._count
+
+    def hold(self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], api_key: str) -> None:
+        """Keep a just started episode for a creation of the same key to claim."""
+        held = _Held(session, self._claim_key(session.env_cls, task_spec, secrets, api_key))
+        self._held.setdefault(held.key, deque()).append(held)
+        self._count += 1
+        metrics.warm_episode_prepared(session.env_cls)
+        if session.setup_task is None:
+            self._start_ttl(held)
+        else:
+            session.setup_task.add_done_callback(lambda _: self._start_ttl(held))
+
+    def claim(
+        self, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str], api_key: str
+    ) -> Session | None:
+        """The oldest held episode of this key, taken out of the pool; None if there is none."""
+        if not self._count:
+            return None  # the common case: no canonical JSON, no HMAC
+        key = self._claim_key(env_cls, task_spec, secrets, api_key)
+        queue = self._held.get(key)
+        if not queue:
+            return None
+        held = self._take(queue.popleft())
+        metrics.warm_episode_ended(env_cls, "claimed")
+        logger.debug("warm_episode_claimed env=%s", env_cls.name().lower())
+        return held.session
+
+    async def close(self) -> None:
+        """End every held episode and wait for those being ended (the server stops)."""
+        for queue in list(self._held.values()):
+            while queue:
+                self._end_in_background(self._take(queue.popleft()), "closed")
+        if self._ending:
+            await asyncio.wait(set(self._ending))
+
+    def _claim_key(
+        self, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str], api_key: str
+    ) -> ClaimKey:
+        task = json.dumps(task_spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+        holder = json.dumps([sorted(secrets.items()), api_key], ensure_ascii=False, separators=(",", ":"))
+        return env_cls, task, hmac.new(self._hmac_key, holder.encode(), hashlib.sha256).digest()
+
+    def _take(self, held: _Held) -> _Held:
+        """Account for `held` leaving the pool (it is out of its queue already)."""
+        held.in_pool = False
+        if not self._held.get(held.key):
+            self._held.pop(held.key, None)
+        if held.expiry is not None:
+            held.expiry.cancel()
+            held.expiry = None
+        self._count -= 1
+        return held
+
+    def _start_ttl(self, held: _Held) -> None:
+        """The setup of `held` ended: it is torn down after the TTL unless claimed first."""
+        if not held.in_pool:
+            return  # claimed (or ended) while setting up
+        held.expiry = asyncio.get_running_loop().call_later(self.ttl_s, self._expire, held)
+
+    def _expire(self, held: _Held) -> None:
+        if not held.in_pool:
+            return
+        self._held[held.key].remove(held)
+        held.expiry = None
+        self._end_in_background(self._take(held), "expired")
+        logger.info("warm_episode_expired env=%s ttl_s=%s", held.session.env_cls.name().lower(), self.ttl_s)
+
+    def _end_in_background(self, held: _Held, outcome: str) -> None:
+        metrics.warm_episode_ended(held.session.env_cls, outcome)
+        task = asyncio.get_running_loop().create_task(self._end(held.session), name="ors-warm-end")
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)

@@ -1,0 +1,286 @@
+"""Prometheus metrics of the ORS service, and the small HTTP server that exposes them.
+
+One set of metrics per process, in `prometheus_client`'s default registry (the
+Python client's convention): `ors-grpc serve --metrics-port N` and
+`ors-grpc bridge --metrics-port N` serve it at `http://HOST:N/metrics`. The
+bridge's own metrics (`ors_bridge_*`, in `http_bridge._metrics`) land in the
+same registry, so `serve --http-port --metrics-port` exposes both.
+
+Label values are bounded: environment names are registered class names, tool
+names are only those the environment defines (anything else is `unknown`),
+methods are RPC names, codes are gRPC status names. Session ids are never a
+label: there can be millions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple, TypeVar
+
+import grpc
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+from ors_grpc.observability import tracing
+from ors_grpc.observability.rpc_handlers import wrap_behavior
+
+__all__ = [
+    "OPEN_SESSIONS",
+    "RPCS_HANDLED",
+    "SESSIONS_CREATED",
+    "SESSIONS_REAPED",
+    "SETUP_SECONDS",
+    "TOOL_CALLS",
+    "TOOL_CALLS_IN_FLIGHT",
+    "TOOL_CALL_SECONDS",
+    "WARM_EPISODES",
+    "WARM_EPISODES_ENDED",
+    "RpcMetricsInterceptor",
+    "session_closed",
+    "session_opened",
+    "start_metrics_server",
+    "timed_setup",
+    "timed_tool_call",
+    "warm_episode_ended",
+    "warm_episode_prepared",
+]
+
+if TYPE_CHECKING:  # aiohttp is imported only to serve /metrics
+    from aiohttp import web
+
+T = TypeVar("T")
+
+#: Tool calls and setups range from microseconds to many minutes (a sandbox
+#: boot, a long compile), hence buckets past the library's 10 s default.
+DURATION_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+)
+UNKNOWN_TOOL = "unknown"
+TOOL_CALL_OUTCOMES = ("ok", "refused", "failed", "cancelled")
+
+OPEN_SESSIONS = Gauge("ors_open_sessions", "Sessions (episodes) held by this process.")
+SESSIONS_CREATED = Counter("ors_sessions_created", "Episodes created in this process.", ["environment"])
+SESSIONS_REAPED = Counter("ors_sessions_reaped", "Idle sessions removed by the reaper.")
+SETUP_SECONDS = Histogram(
+    "ors_setup_duration_seconds", "Environment construction plus setup(), by outcome (ok, failed, cancelled).",
+    ["environment", "outcome"], buckets=DURATION_BUCKETS,
+)
+TOOL_CALLS_IN_FLIGHT = Gauge("ors_tool_calls_in_flight", "Tool calls running now.", ["environment"])
+TOOL_CALL_SECONDS = Histogram(
+    "ors_tool_call_duration_seconds", "Tool call run time.", ["environment", "tool"], buckets=DURATION_BUCKETS,
+)
+TOOL_CALLS = Counter(
+    "ors_tool_calls",
+    "Tool calls run, by outcome: ok, refused (a tool-level error such as bad input), failed (the tool raised"
+    " or timed out), cancelled (its session ended).",
+    ["environment", "tool", "outcome"],
+)
+WARM_EPISODES = Gauge(
+    "ors_warm_episodes", "Episodes prepared ahead (PrepareEpisodes) and not yet claimed, set up or setting up.",
+    ["environment"],
+)
+WARM_EPISODES_ENDED = Counter(
+    "ors_warm_episodes_ended",
+    "Prepared episodes that left the pool, by outcome: claimed (by an episode creation), expired (torn down"
+    " unclaimed after the warm TTL), closed (torn down when the server stopped).",
+    ["environment", "outcome"],
+)
+RPCS_HANDLED = Counter(
+    "ors_grpc_handled", "RPCs completed, by method and gRPC status code (errors: code != OK).", ["method", "code"],
+)
+
+
+def environment_label(env_cls: type) -> str:
+    return env_cls.name().lower()
+
+
+def tool_label(env: Any, name: str) -> str:
+    """`name` if the environment (or one of its toolsets) defines that tool,
+    else `unknown`: a client-chosen name must not mint label values."""
+    owners = [env, *getattr(type(env), "toolsets", ())]
+    if any(getattr(getattr(owner, name, None), "_env_tool", False) for owner in owners):
+        return name
+    return UNKNOWN_TOOL
+
+
+# --- hooks called by the session table and the tool calls ---------------------
+
+
+def session_opened(env_cls: type) -> None:
+    OPEN_SESSIONS.inc()
+    SESSIONS_CREATED.labels(environment_label(env_cls)).inc()
+
+
+def session_closed() -> None:
+    OPEN_SESSIONS.dec()
+
+
+def warm_episode_prepared(env_cls: type) -> None:
+    WARM_EPISODES.labels(environment_label(env_cls)).inc()
+
+
+def warm_episode_ended(env_cls: type, outcome: str) -> None:
+    WARM_EPISODES.labels(environment_label(env_cls)).dec()
+    WARM_EPISODES_ENDED.labels(environment_label(env_cls), outcome).inc()
+
+
+async def timed_setup(session: Any, setup: Awaitable[None]) -> None:
+    """Await a session's setup, observing its duration and outcome."""
+    if tracing.tracer is not None:
+        setup = tracing.traced_setup(session, setup)
+    started = time.perf_counter()
+    outcome = "cancelled"
+    try:
+        await setup
+        outcome = "failed" if session.error is not None else "ok" if session.env is not None else "cancelled"
+    finally:
+        SETUP_SECONDS.labels(environment_label(session.env_cls), outcome).observe(time.perf_counter() - started)
+
+
+def _call_outcome(outcome: Any) -> str:
+    if outcome.result is None:
+        return "failed"
+    return "ok" if outcome.result.root.ok else "refused"
+
+
+class _ToolMetrics(NamedTuple):
+    """One tool's metric children: `labels()` costs more than the update itself."""
+
+    in_flight: Any
+    seconds: Any
+    calls: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=4096)
+def _tool_metrics(env_cls: type, name: str) -> _ToolMetrics:
+    environment = environment_label(env_cls)
+    tool = tool_label(env_cls, name)
+    return _ToolMetrics(
+        TOOL_CALLS_IN_FLIGHT.labels(environment),
+        TOOL_CALL_SECONDS.labels(environment, tool),
+        {outcome: TOOL_CALLS.labels(environment, tool, outcome) for outcome in TOOL_CALL_OUTCOMES},
+    )
+
+
+async def timed_tool_call(env: Any, name: str, call: Awaitable[T]) -> T:
+    """Await one tool call (a tool_calls.CallOutcome), counting it in flight
+    while it runs and observing its duration and outcome."""
+    metrics = _tool_metrics(type(env), name)
+    if tracing.tracer is not None:
+        call = tracing.traced_tool_call(env, tool_label(type(env), name), call)
+    metrics.in_flight.inc()
+    started = time.perf_counter()
+    outcome = "cancelled"
+    try:
+        result = await call
+        outcome = _call_outcome(result)
+        return result
+    finally:
+        metrics.in_flight.dec()
+        metrics.seconds.observe(time.perf_counter() - started)
+        metrics.calls[outcome].inc()
+
+
+# --- gRPC status codes, from a server interceptor --------------------------------
+
+
+def _method_name(full_method: str) -> str:
+    """`/ors.v1.EnvironmentService/CallTool` -> `CallTool` (health and
+    reflection keep their service: they are few and fixed)."""
+    service, _, method = full_method.rpartition("/")
+    return method if service.endswith("EnvironmentService") else full_method.lstrip("/")
+
+
+def _status_name(context: grpc.aio.ServicerContext, raised: BaseException | None) -> str:
+    if isinstance(raised, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED.name
+    code = context.code()  # set by context.abort / set_code
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    # An exception that was not an abort becomes UNKNOWN on the wire.
+    return grpc.StatusCode.UNKNOWN.name if raised is not None else grpc.StatusCode.OK.name
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts every RPC by method and final status code. Install it first, so
+    it also sees the calls other interceptors reject."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        method = _method_name(details.method)
+        return wrap_behavior(handler, functools.partial(_counted_unary, method=method),
+                             functools.partial(_counted_stream, method=method))
+
+
+@functools.lru_cache(maxsize=None)  # methods and status codes are fixed sets
+def _handled(method: str, code: str) -> Counter:
+    return RPCS_HANDLED.labels(method, code)
+
+
+def _counted_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raised: BaseException | None = None
+        try:
+            return await behavior(request, context)
+        except BaseException as exc:
+            raised = exc
+            raise
+        finally:
+            _handled(method, _status_name(context, raised)).inc()
+
+    return counted
+
+
+def _counted_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """Counts a server-streaming or bidirectional RPC (`request` is then the request iterator)."""
+
+    async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raised: BaseException | None = None
+        try:
+            messages = behavior(request, context)
+            if inspect.isawaitable(messages):  # a coroutine handler: writes with context.write, or only aborts
+                await messages
+            else:
+                async for message in messages:
+                    yield message
+        except BaseException as exc:
+            raised = exc
+            raise
+        finally:
+            _handled(method, _status_name(context, raised)).inc()
+
+    return counted
+
+
+# --- exposition -------------------------------------------------------------------
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    from aiohttp import web
+
+    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def start_metrics_server(host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+    """Serve `GET /metrics` on host:port (0 picks a free port) in the running
+    loop; returns the runner (stop it with `await runner.cleanup()`) and the port.
+
+    A port of its own, not a route on the ORS port: the ORS port faces agents,
+    the metrics port faces the operator's scraper.
+    """
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_get("/metrics", _metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, runner.addresses[0][1]

@@ -1,0 +1,9 @@
+"""The wire protocol, shared by every audience: the server runtime, the
+client and the doors (``http_bridge``, ``mcp_bridge``).
+
+- `constants`: metadata keys, defaults and limits (each defined once);
+- `errors`: the one error table (reason → gRPC code → HTTP status);
+- `convert`: ORS data types ⇄ their protobuf messages.
+
+Nothing here imports the runtime, the client or a door.
+"""

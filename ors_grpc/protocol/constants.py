@@ -1,0 +1,47 @@
+"""The protocol's constants, defaults and metadata keys: each is defined here
+once, and the runtime, the client, the doors and the CLI import it.
+
+gRPC metadata keys are lowercase (HTTP/2 header names); the HTTP door reads
+the same names case-insensitively (`X-Session-ID`, `X-API-Key`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "API_KEY_METADATA_KEY",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_RESULT_LINGER_S",
+    "DEFAULT_SESSION_TIMEOUT_S",
+    "DEFAULT_SETUP_WAIT_S",
+    "DEFAULT_WARM_TTL_S",
+    "ERROR_REASON_METADATA_KEY",
+    "IDEMPOTENCY_KEY_HEADER",
+    "SESSION_ID_METADATA_KEY",
+    "STATUS_DETAILS_METADATA_KEY",
+]
+
+#: The API key of every call but health checks (`--api-key`); also the HTTP
+#: door's `X-API-Key` header.
+API_KEY_METADATA_KEY = "x-api-key"
+#: The episode a call is about, as a routing key for proxies with session
+#: affinity (nginx, HAProxy, Envoy hash on it); also the HTTP `X-Session-ID`.
+SESSION_ID_METADATA_KEY = "x-session-id"
+#: The `ErrorReason` name of every deliberate failure, as trailing metadata.
+ERROR_REASON_METADATA_KEY = "ors-error-reason"
+#: The standard rich error model (`google.rpc.Status`), as trailing metadata.
+STATUS_DETAILS_METADATA_KEY = "grpc-status-details-bin"
+#: The HTTP door's header for exactly-once calls and scorings.
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+#: Largest gRPC message (either way) and HTTP body, in bytes.
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+#: Seconds without activity after which a session is reaped (the ORS spec's 15 minutes).
+DEFAULT_SESSION_TIMEOUT_S = 900.0
+#: Seconds a session call waits for the episode's setup before failing with
+#: ENVIRONMENT_STARTING (HTTP 503), to be retried; openreward's 25 s.
+DEFAULT_SETUP_WAIT_S = 25.0
+#: Seconds a finished tool call stays attachable by task id.
+DEFAULT_RESULT_LINGER_S = 60.0
+#: Seconds an episode prepared ahead (PrepareEpisodes) is held unclaimed once
+#: its setup ended, before it is torn down.
+DEFAULT_WARM_TTL_S = 300.0

@@ -1,0 +1,291 @@
+"""Authoring types and user JSON <-> ors.v1 protobuf messages, service side.
+
+The one place the service builds or reads wire messages' JSON. User JSON
+travels as JSON text (see `JsonValue` in types.proto): stdlib `json` keeps
+integers exact, `1.0` a float, key order and (with ensure_ascii=False)
+unicode as written.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+from pydantic import BaseModel, TypeAdapter
+
+from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
+from ors_grpc.protocol.errors import ORSError
+from ors_grpc.authoring.types import (
+    GroupCandidate,
+    GroupScore,
+    ImageBlock,
+    ListToolsOutput,
+    Message,
+    ReasoningBlock,
+    RunToolOutput,
+    Split,
+    TerminalToolSpec,
+    TextBlock,
+    ToolCallBlock,
+    ToolOutput,
+    ToolSpec,
+)
+
+__all__ = [
+    "blocks_to_proto",
+    "dump_json",
+    "group_candidate_to_proto",
+    "group_candidates_from_proto",
+    "group_scores_to_proto",
+    "json_value",
+    "load_json_object",
+    "message_from_proto",
+    "messages_to_proto",
+    "run_tool_output_to_proto",
+    "split_to_proto",
+    "task_to_proto",
+    "tool_listing",
+    "tool_specs_to_proto",
+]
+
+_SPLIT_TYPES = {
+    "train": types_pb2.SPLIT_TYPE_TRAIN,
+    "validation": types_pb2.SPLIT_TYPE_VALIDATION,
+    "test": types_pb2.SPLIT_TYPE_TEST,
+}
+_BLOCKS = TypeAdapter(list[Union[TextBlock, ImageBlock]])
+_MESSAGES = TypeAdapter(list[Message])
+_SCORES = TypeAdapter(list[Union[GroupScore, float]])
+_ROLES = {
+    "system": types_pb2.MESSAGE_ROLE_SYSTEM,
+    "user": types_pb2.MESSAGE_ROLE_USER,
+    "assistant": types_pb2.MESSAGE_ROLE_ASSISTANT,
+}
+_ROLE_NAMES = {value: name for name, value in _ROLES.items()}
+_RUN_TOOL_ERROR_REASONS = {
+    None: types_pb2.RUN_TOOL_ERROR_REASON_UNSPECIFIED,
+    "not_found": types_pb2.RUN_TOOL_ERROR_REASON_NOT_FOUND,
+    "name_collision": types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION,
+    "input_validation": types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION,
+    "episode_finished": types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED,
+}
+#: RunToolErrorReason values to their JSON names (None: unspecified).
+RUN_TOOL_ERROR_REASON_NAMES = {value: name for name, value in _RUN_TOOL_ERROR_REASONS.items()}
+
+
+def _jsonable(value: Any) -> Any:
+    """`json.dumps` fallback for what environments return besides plain JSON
+    (pydantic models, read-only mappings, sets), like FastAPI's encoder."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (set, frozenset)) or (isinstance(value, Sequence) and not isinstance(value, str)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dump_json(value: Any) -> str:
+    """Compact JSON text of a user value, lossless for JSON-shaped data."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+
+
+def json_value(value: Any) -> types_pb2.JsonValue:
+    return types_pb2.JsonValue(json=dump_json(value))
+
+
+def _optional_json_value(value: Any) -> types_pb2.JsonValue | None:
+    return None if value is None else json_value(value)
+
+
+def load_json_object(message: types_pb2.JsonValue, field: str) -> dict[str, Any]:
+    """Parse a request's JsonValue that must be a JSON object."""
+    try:
+        value = json.loads(message.json)
+    except ValueError as exc:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: invalid JSON (nested too deeply)") from None
+    if not isinstance(value, dict):
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: must be a JSON object")
+    return value
+
+
+def _block_to_proto(block: TextBlock | ImageBlock) -> types_pb2.Block:
+    if isinstance(block, TextBlock):
+        return types_pb2.Block(
+            text=types_pb2.TextBlock(text=block.text, detail=_optional_json_value(block.detail))
+        )
+    return types_pb2.Block(
+        image=types_pb2.ImageBlock(
+            # a2b_base64 takes the str as is (b64decode would copy it to bytes first).
+            data=binascii.a2b_base64(block.data),
+            mime_type=block.mimeType,
+            detail=_optional_json_value(block.detail),
+        )
+    )
+
+
+def blocks_to_proto(blocks: Sequence[Any]) -> list[types_pb2.Block]:
+    """Prompt or output blocks (models, or dicts of their JSON shape)."""
+    return [_block_to_proto(block) for block in _BLOCKS.validate_python(list(blocks))]
+
+
+def _tool_spec_to_proto(spec: ToolSpec) -> types_pb2.ToolSpec:
+    return types_pb2.ToolSpec(
+        name=spec.name,
+        description=spec.description,
+        input_schema=_optional_json_value(spec.input_schema),
+    )
+
+
+def tool_specs_to_proto(tools: ListToolsOutput) -> list[types_pb2.ToolSpec]:
+    return [_tool_spec_to_proto(spec) for spec in tools.tools]
+
+
+def _terminal_tool_to_proto(spec: TerminalToolSpec) -> types_pb2.TerminalToolSpec:
+    return types_pb2.TerminalToolSpec(name=spec.name, arg=spec.arg, description=spec.description)
+
+
+def tool_listing(tools: ListToolsOutput) -> dict[str, Any]:
+    """The fields of a ListToolsResponse or ListTaskToolsResponse."""
+    return {
+        "tools": tool_specs_to_proto(tools),
+        "terminal_tool": None if tools.terminal_tool is None else _terminal_tool_to_proto(tools.terminal_tool),
+        "supports_score_group": bool(tools.supports_score_group),
+        "message_block_types": tools.message_block_types or [],
+    }
+
+
+def _message_block_to_proto(block: Any) -> types_pb2.MessageBlock:
+    if isinstance(block, (TextBlock, ImageBlock)):
+        return types_pb2.MessageBlock(**{block.type: getattr(_block_to_proto(block), block.type)})
+    detail = _optional_json_value(block.detail)
+    if isinstance(block, ReasoningBlock):
+        return types_pb2.MessageBlock(
+            reasoning=types_pb2.ReasoningBlock(text=block.text, signature=block.signature, detail=detail)
+        )
+    if isinstance(block, ToolCallBlock):
+        return types_pb2.MessageBlock(tool_call=types_pb2.ToolCallBlock(
+            id=block.id, name=block.name, input=json_value(block.input), detail=detail
+        ))
+    return types_pb2.MessageBlock(tool_result=types_pb2.ToolResultBlock(
+        tool_call_id=block.tool_call_id, blocks=blocks_to_proto(block.blocks), is_error=block.is_error, detail=detail
+    ))
+
+
+def _message_to_proto(message: Message) -> types_pb2.Message:
+    return types_pb2.Message(
+        role=_ROLES[message.role],
+        blocks=[_message_block_to_proto(block) for block in message.blocks],
+        detail=_optional_json_value(message.detail),
+    )
+
+
+def messages_to_proto(messages: Sequence[Any]) -> list[types_pb2.Message]:
+    """Messages (models, or dicts of their JSON shape), validated."""
+    return [_message_to_proto(message) for message in _MESSAGES.validate_python(list(messages))]
+
+
+def _loaded(message: Any, field: str) -> Any:
+    """An optional JsonValue field's value (None when unset); ValueError when it is not JSON."""
+    return json.loads(getattr(message, field).json) if message.HasField(field) else None
+
+
+def block_from_proto(message: types_pb2.Block | types_pb2.MessageBlock) -> dict[str, Any]:
+    """A block's JSON shape (as a dict, for the models to validate)."""
+    kind = message.WhichOneof("block")
+    inner = getattr(message, kind) if kind else None
+    if kind == "text":
+        return {"text": inner.text, "detail": _loaded(inner, "detail"), "type": "text"}
+    if kind == "image":
+        data = binascii.b2a_base64(inner.data, newline=False).decode("ascii")
+        return {"data": data, "mimeType": inner.mime_type, "detail": _loaded(inner, "detail"), "type": "image"}
+    if kind == "reasoning":
+        signature = inner.signature if inner.HasField("signature") else None
+        return {"text": inner.text, "signature": signature, "detail": _loaded(inner, "detail"), "type": "reasoning"}
+    if kind == "tool_call":
+        tool_input = _loaded(inner, "input")
+        return {"id": inner.id, "name": inner.name, "input": {} if tool_input is None else tool_input,
+                "detail": _loaded(inner, "detail"), "type": "tool_call"}
+    if kind == "tool_result":
+        return {"tool_call_id": inner.tool_call_id, "blocks": [block_from_proto(b) for b in inner.blocks],
+                "is_error": inner.is_error, "detail": _loaded(inner, "detail"), "type": "tool_result"}
+    raise ValueError("a block has no content")
+
+
+def message_from_proto(message: types_pb2.Message) -> Message:
+    """A wire message as the model; ValueError (pydantic's ValidationError
+    included) when it is not a valid message."""
+    role = _ROLE_NAMES.get(message.role)
+    if role is None:
+        raise ValueError("a message has no role")
+    return Message.model_validate({
+        "role": role,
+        "blocks": [block_from_proto(block) for block in message.blocks],
+        "detail": _loaded(message, "detail"),
+    })
+
+
+def group_candidates_from_proto(candidates: Sequence[types_pb2.GroupCandidate]) -> list[GroupCandidate]:
+    """A ScoreGroup request's candidates; INVALID_REQUEST when one is not valid."""
+    try:
+        return [
+            GroupCandidate(
+                messages=[message_from_proto(m) for m in candidate.messages],
+                metadata=_loaded(candidate, "metadata"),
+            )
+            for candidate in candidates
+        ]
+    except (ValueError, RecursionError) as exc:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"candidates: {exc}") from None
+
+
+def group_candidate_to_proto(candidate: GroupCandidate) -> types_pb2.GroupCandidate:
+    return types_pb2.GroupCandidate(
+        messages=[_message_to_proto(message) for message in candidate.messages],
+        metadata=_optional_json_value(candidate.metadata),
+    )
+
+
+def group_scores_to_proto(scores: Sequence[Any]) -> list[types_pb2.GroupScore]:
+    """What `score_group` returned (GroupScores or bare floats, which become
+    `{reward}`) as wire scores; ValueError when it is neither."""
+    return [
+        types_pb2.GroupScore(reward=score, metadata=None) if isinstance(score, float)
+        else types_pb2.GroupScore(reward=score.reward, metadata=_optional_json_value(score.metadata))
+        for score in _SCORES.validate_python(list(scores))
+    ]
+
+
+def _tool_output_to_proto(output: ToolOutput) -> types_pb2.ToolOutput:
+    return types_pb2.ToolOutput(
+        blocks=blocks_to_proto(output.blocks),
+        metadata=_optional_json_value(output.metadata),
+        reward=output.reward,
+        finished=output.finished,
+    )
+
+
+def run_tool_output_to_proto(result: RunToolOutput) -> types_pb2.RunToolResult:
+    outcome = result.root
+    if outcome.ok:
+        return types_pb2.RunToolResult(output=_tool_output_to_proto(outcome.output))
+    return types_pb2.RunToolResult(error=outcome.error, reason=_RUN_TOOL_ERROR_REASONS[outcome.reason])
+
+
+def split_to_proto(split: Split | str) -> types_pb2.Split:
+    """A split; bare names train/validation/test get their own type, any
+    other name `validation` (as the reference does)."""
+    if isinstance(split, Split):
+        return types_pb2.Split(name=split.name, type=_SPLIT_TYPES[split.type])
+    split_type = _SPLIT_TYPES.get(split, types_pb2.SPLIT_TYPE_VALIDATION)
+    return types_pb2.Split(name=split, type=split_type)
+
+
+def task_to_proto(task: Any) -> types_pb2.Task:
+    return types_pb2.Task(spec=json_value(task))

@@ -1,0 +1,175 @@
+"""ORS errors: one exception type, one table from reason to gRPC and HTTP.
+
+Every layer raises `ORSError`; the gRPC service turns it into a status with an
+`ors-error-reason` trailing metadata entry and the same error in the standard
+rich error model (`google.rpc.Status` with an `ErrorInfo`, in
+`grpc-status-details-bin`), both built here in `trailing_metadata`; the HTTP
+bridge turns that status back into an HTTP status and `{"detail": message}`.
+The message reaches clients: never put secrets, request bytes or tracebacks
+in it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping as MappingType, NamedTuple, Optional
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
+
+__all__ = [
+    "ERROR_DOMAIN",
+    "GRPC_TO_HTTP",
+    "ORSError",
+    "REASONS",
+    "RETRY_AFTER_S",
+    "Reason",
+    "abort",
+    "environment_error",
+    "http_status_for",
+    "message_too_large",
+    "trailing_metadata",
+]
+
+#: `ErrorInfo.domain` of every ORS error.
+ERROR_DOMAIN = "ors.v1"
+
+Reason = errors_pb2.ErrorReason.ValueType
+
+
+class Mapping(NamedTuple):
+    code: grpc.StatusCode
+    http_status: int
+
+
+#: Each domain error's gRPC code and ORS HTTP status (../shared/spec/ORS.md).
+#: HTTP statuses that differ from GRPC_TO_HTTP are ORS's own choices.
+REASONS: dict[int, Mapping] = {
+    errors_pb2.ERROR_REASON_INVALID_REQUEST: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT: Mapping(grpc.StatusCode.NOT_FOUND, 404),
+    errors_pb2.ERROR_REASON_INVALID_SPLIT: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    errors_pb2.ERROR_REASON_INVALID_INDEX: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED: Mapping(grpc.StatusCode.FAILED_PRECONDITION, 400),
+    errors_pb2.ERROR_REASON_SESSION_EXISTS: Mapping(grpc.StatusCode.ALREADY_EXISTS, 400),
+    errors_pb2.ERROR_REASON_SESSION_NOT_FOUND: Mapping(grpc.StatusCode.NOT_FOUND, 404),
+    errors_pb2.ERROR_REASON_SESSION_DELETED: Mapping(grpc.StatusCode.ABORTED, 410),
+    errors_pb2.ERROR_REASON_SETUP_FAILED: Mapping(grpc.StatusCode.FAILED_PRECONDITION, 500),
+    errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID: Mapping(grpc.StatusCode.NOT_FOUND, 404),
+    errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+    errors_pb2.ERROR_REASON_UNAUTHENTICATED: Mapping(grpc.StatusCode.UNAUTHENTICATED, 401),
+    errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED: Mapping(grpc.StatusCode.UNIMPLEMENTED, 404),
+    errors_pb2.ERROR_REASON_UNKNOWN_TOOLSET: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    # Detail `Environment still starting.`; the bridge adds `X-Backend-State: starting` and `Retry-After`.
+    errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: Mapping(grpc.StatusCode.UNAVAILABLE, 503),
+    # 422 as the IETF Idempotency-Key draft answers a key reused with another payload.
+    errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    # The reference answers 500 when the environment's code raises.
+    errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR: Mapping(grpc.StatusCode.INTERNAL, 500),
+    # An answer over the limit: the server's side, not the client's (no 413,
+    # which is about the request), and not worth a retry (no 429).
+    errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 500),
+    errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+}
+
+#: Seconds to wait before retrying, per reason: sent as the `retry-after`
+#: trailing metadata entry (the bridge's `Retry-After` header).
+RETRY_AFTER_S: dict[int, int] = {
+    errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: 1,
+    errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: 2,
+}
+
+#: gRPC code to HTTP status for errors without an ORS reason, as in
+#: google/rpc/code.proto (and connect-go's table).
+GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+
+
+class ORSError(Exception):
+    """A domain error with a closed-set reason. Its message reaches clients."""
+
+    def __init__(self, reason: Reason, message: str, metadata: Optional[MappingType[str, str]] = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        #: Machine-readable facts for `ErrorInfo.metadata` (never secrets).
+        self.metadata = dict(metadata or {})
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return REASONS[self.reason].code
+
+    @property
+    def reason_name(self) -> str:
+        return errors_pb2.ErrorReason.Name(self.reason)
+
+
+def environment_error(message: str) -> ORSError:
+    """The environment's own code raised (outside a tool): `message` names
+    the exception (secrets already masked)."""
+    return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR, message)
+
+
+def message_too_large(what: str, size_bytes: int, limit_bytes: int) -> ORSError:
+    """An answer (`what`) of `size_bytes` over the message limit."""
+    return ORSError(
+        errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE,
+        f"{what} is {size_bytes} bytes, over the server's message limit of {limit_bytes} bytes",
+        {"size_bytes": str(size_bytes), "limit_bytes": str(limit_bytes)},
+    )
+
+
+def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
+    """The trailing metadata of a failed RPC: the reason as `ors-error-reason`,
+    the whole error as a google.rpc.Status with one ErrorInfo in
+    `grpc-status-details-bin`, and `retry-after` when the server is full or the
+    environment still starting."""
+    metadata = dict(error.metadata)
+    retry_after_s = RETRY_AFTER_S.get(error.reason)
+    if retry_after_s is not None:
+        metadata["retry_after_s"] = str(retry_after_s)
+    info = error_details_pb2.ErrorInfo(reason=error.reason_name, domain=ERROR_DOMAIN, metadata=metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=error.code.value[0], message=error.message, details=[detail])
+    entries: list[tuple[str, str | bytes]] = [
+        (ERROR_REASON_METADATA_KEY, error.reason_name),
+        (STATUS_DETAILS_METADATA_KEY, status.SerializeToString()),
+    ]
+    if retry_after_s is not None:
+        entries.append(("retry-after", str(retry_after_s)))
+    return tuple(entries)
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
+    """End an RPC with `error`: its code and message, and its reason in the
+    trailing metadata (see `trailing_metadata`). Raises, as `context.abort` does."""
+    await context.abort(error.code, error.message, trailing_metadata=trailing_metadata(error))
+
+
+def http_status_for(code: grpc.StatusCode, reason_name: str | None) -> int:
+    """The HTTP status of a failed RPC: by its ORS reason, else by its code."""
+    if reason_name:
+        try:
+            return REASONS[errors_pb2.ErrorReason.Value(reason_name)].http_status
+        except (ValueError, KeyError):
+            pass
+    return GRPC_TO_HTTP.get(code, 500)

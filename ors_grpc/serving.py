@@ -1,0 +1,250 @@
+"""The composition root: binds every door of a process, announces them, and
+stops them together on SIGINT/SIGTERM.
+
+`serve` runs the gRPC service (``ors_grpc._runtime``) with, on request, the
+HTTP door (``http_bridge``) in the same event loop over the in-process
+channel; `bridge` runs the HTTP door alone over a channel to a remote
+backend. The ``ors-grpc`` command (`ors_grpc.cli`) and `ors_grpc.server.Server.run`
+both call these; this is the only module that imports the doors.
+
+Once every door accepts connections, each is announced on stdout as
+`DOOR listening on HOST:PORT` (tools parse these lines), then one line for
+people names what is served. A startup mistake raises `StartupError` before
+anything is announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Any, Awaitable, Iterator, Sequence
+
+from http_bridge import HttpLimits, start_bridge
+from ors_grpc._runtime.grpc_server import ServerConfig, create_server
+from ors_grpc._runtime.service import environment_map
+from ors_grpc.authoring.environment import Environment, ToolSignatureError
+from ors_grpc.observability.metrics import start_metrics_server
+from ors_grpc.protocol.constants import DEFAULT_MAX_MESSAGE_BYTES
+
+__all__ = ["BridgeOptions", "HttpLimits", "StartupError", "bridge", "check_environments", "serve"]
+
+#: Seconds running RPCs get to finish after a stop signal.
+SHUTDOWN_GRACE_S = 5.0
+
+logger = logging.getLogger("ors_grpc.cli")
+
+
+class StartupError(Exception):
+    """A mistake in how serving was started (a bad environment, port or TLS
+    file): the CLI prints it as one line and exits with status 2."""
+
+
+def check_environments(environments: Sequence[type[Environment]]) -> list[str]:
+    """The names the environments are served under; a StartupError for one that cannot be served
+    (no tools, a @tool with a signature that cannot work, no splits, a duplicate name)."""
+    try:
+        return list(environment_map(environments))
+    except (ToolSignatureError, TypeError, ValueError) as exc:
+        raise StartupError(str(exc)) from None
+
+
+async def serve(
+    environments: Sequence[type[Environment]],
+    *,
+    host: str,
+    port: int,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    config: ServerConfig = ServerConfig(),
+    http_limits: HttpLimits = HttpLimits(),
+    toolsets: Any = (),
+) -> None:
+    """Serve gRPC (and the HTTP door on `http_port`) until SIGINT/SIGTERM,
+    announcing the doors once all are bound; then stop gracefully.
+    With TLS both doors serve it, from the same certificate and key."""
+    names = check_environments(environments)
+    ssl_context = https_context(config.tls_cert, config.tls_key)
+    await _bind("gRPC", host, port, _probe_port(host, port))
+    server, bound_port = await _bind(
+        "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
+    )
+    runners: list[Any] = []
+    try:
+        with _stop_signals() as stop:
+            bound_http_port = None
+            if http_port is not None:
+                # Same process: the door calls the service without a socket
+                # (the in-process channel and the service keep the message limit).
+                runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
+                    _local_target(host, bound_port), host, http_port,
+                    channel=server.in_process_channel, max_body_bytes=config.max_message_bytes,
+                    max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, http_limits=http_limits,
+                ))
+                runners.append(runner)
+            bound_metrics_port = await _start_metrics(host, metrics_port, runners)
+            _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
+                            scheme=_scheme(ssl_context), serving=_serving_line(names))
+            await stop.wait()
+    finally:
+        # All at once: an HTTP call waiting on a running tool ends when the
+        # gRPC stop cancels its stream after the grace period; stopping HTTP
+        # first would wait for it for aiohttp's shutdown timeout (60 s).
+        await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
+    logger.info("server_stopped")
+
+
+@dataclass(frozen=True)
+class BridgeOptions:
+    """How the standalone HTTP door reaches its backend, and what it accepts."""
+
+    #: Largest gRPC message either way.
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: Largest HTTP request body (None: as `max_message_bytes`).
+    max_body_bytes: int | None = None
+    #: PEM certificate chain and key: serve HTTPS.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: Reach the backend over TLS, trusting this PEM root certificate.
+    backend_tls_root_cert: str | None = None
+    #: The name to check in the backend's certificate (None: the backend host).
+    backend_tls_server_name: str | None = None
+
+
+async def bridge(
+    backend: str,
+    *,
+    host: str,
+    http_port: int,
+    metrics_port: int | None = None,
+    options: BridgeOptions = BridgeOptions(),
+    http_limits: HttpLimits = HttpLimits(),
+) -> None:
+    """Serve the HTTP door onto the gRPC backend at `backend` (HOST:PORT)
+    until SIGINT/SIGTERM, announcing it once bound."""
+    ssl_context = https_context(options.tls_cert, options.tls_key)
+    if options.backend_tls_root_cert:
+        _check_readable("--backend-tls-root-cert", options.backend_tls_root_cert)
+    runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
+        backend, host, http_port, max_body_bytes=options.max_body_bytes or options.max_message_bytes,
+        max_message_bytes=options.max_message_bytes, http_limits=http_limits, ssl_context=ssl_context,
+        tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
+    ))
+    runners: list[Any] = [runner]
+    try:
+        with _stop_signals() as stop:
+            bound_metrics_port = await _start_metrics(host, metrics_port, runners)
+            _announce_doors(host, None, bound_http_port, bound_metrics_port,
+                            scheme=_scheme(ssl_context), serving=f"bridging onto gRPC backend {backend}")
+            await stop.wait()
+    finally:
+        await asyncio.gather(*(r.cleanup() for r in runners))
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event that SIGINT or SIGTERM sets from now on. Taken before any door
+    is announced, so a signal sent right after an announcement stops gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield stop
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def _local_target(host: str, port: int) -> str:
+    """Where a co-located client reaches a server bound to `host`."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+async def _bind(door: str, host: str, port: int, start: Awaitable[Any]) -> Any:
+    """Await a door's `start`; a port that cannot be bound is a StartupError naming the door."""
+    try:
+        return await start
+    except OSError as exc:
+        # asyncio's strerror is "error while attempting to bind on address (...): address already in use".
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        reason = reason[:1].lower() + reason[1:]
+        raise StartupError(f"{door} door: cannot listen on {host}:{port}: {reason}") from None
+
+
+async def _probe_port(host: str, port: int) -> None:
+    """Raise OSError if `port` on `host` cannot be listened on (taken by another program, `host`
+    unknown or not an address of this host). For the gRPC door: grpc reports only that binding
+    failed, after logging a C-level error line of its own."""
+    loop = asyncio.get_running_loop()
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        with socket.socket(family, kind, proto) as probe:
+            # As grpc's own listener: a port held only by TIME_WAIT connections is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+            probe.listen()
+
+
+async def _start_metrics(host: str, metrics_port: int | None, runners: list[Any]) -> int | None:
+    """Start the Prometheus /metrics server when asked for (its runner joins
+    `runners`); its port, else None."""
+    if metrics_port is None:
+        return None
+    runner, port = await _bind("metrics", host, metrics_port, start_metrics_server(host, metrics_port))
+    runners.append(runner)
+    return port
+
+
+def _scheme(ssl_context: ssl.SSLContext | None) -> str:
+    return "https://" if ssl_context else "http://"
+
+
+def _announce_doors(host: str, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
+                    *, scheme: str, serving: str) -> None:
+    """Once every door is bound: `DOOR listening on HOST:PORT` for each (tools parse these lines),
+    then one line for people, naming what is served and where."""
+    doors = [("gRPC", grpc_port, ""), ("HTTP", http_port, scheme), ("metrics", metrics_port, "http://")]
+    where = []
+    for door, port, prefix in doors:
+        if port is not None:
+            print(f"{door} listening on {host}:{port}", flush=True)
+            suffix = "/metrics" if door == "metrics" else ""
+            where.append(f"{door} {prefix}{host}:{port}{suffix}")
+    print(f"{serving}: {', '.join(where)}", flush=True)
+
+
+def _serving_line(names: Sequence[str]) -> str:
+    first, *others = names
+    return "serving " + ", ".join([f"{first} (default)", *others])
+
+
+def https_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """A server TLS context from PEM files, or None without them; a StartupError when they cannot serve."""
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise StartupError("TLS needs both --tls-cert and --tls-key")
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        _check_readable(option, path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise StartupError(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its key ({exc})") from None
+    return context
+
+
+def _check_readable(option: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise StartupError(f"{option} {path}: {exc.strerror}") from None

@@ -1,0 +1,70 @@
+"""`ors-grpc serve` as a subprocess: a real episode, the bundled example, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from tests.support.grpc_calls import call_tool, create_episode, tool_call
+from tests.support.servers import ROOT, start_serve
+
+
+async def test_sigterm_tears_down_every_session_and_exits_zero(tmp_path: Path) -> None:
+    record = tmp_path / "teardowns.txt"
+    env = {"ORS_TEST_TEARDOWN_FILE": str(record)}
+    with start_serve("tests.support.environments:TeardownRecordingEnv", env=env) as serve:
+        async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            for index in (0, 1):
+                sid = await create_episode(stub, "teardownrecordingenv", index=index)
+                await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+        assert serve.stop() == 0
+    assert sorted(record.read_text().splitlines()) == ["teardown 0", "teardown 1"]
+
+
+async def test_sigterm_stops_the_server_despite_a_stuck_sync_tool() -> None:
+    with start_serve("tests.support.environments:BlockingToolEnv") as serve:
+        async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            sid = await create_episode(stub, "blockingtoolenv")
+            call = stub.CallTool(pb.CallToolRequest(session_id=sid, call=tool_call("block", {"seconds": 600})))
+            await call.read()  # the tool is dispatched; it blocks its thread
+            call.cancel()
+        assert serve.stop() == 0  # not killed: the stuck thread did not hold the exit
+
+
+async def test_serve_without_environment_runs_the_bundled_example() -> None:
+    with start_serve() as serve:
+        async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            assert list((await stub.ListEnvironments(pb.ListEnvironmentsRequest())).names) == ["arithmetic"]
+            sid = await create_episode(stub, "arithmetic", split="train", index=1)
+            prompt = await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+            assert "7 * 6" in prompt.blocks[0].text.text
+            _, event = await call_tool(stub, sid, "calculator", {"a": 7, "b": 6, "op": "*"})
+            assert event.result.output.blocks[0].text.text == "42"
+            _, event = await call_tool(stub, sid, "submit", {"answer": 42})
+            output = event.result.output
+            assert (output.reward, output.finished) == (1.0, True)
+        assert serve.stop() == 0
+
+
+def test_bad_environment_spec_fails_with_a_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ors_grpc", "serve", "--port", "0", "no_such_module_here:Env"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "no_such_module_here" in result.stderr
+
+
+def test_help_lists_both_subcommands() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ors_grpc", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "serve" in result.stdout and "bridge" in result.stdout
