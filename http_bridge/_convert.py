@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, field_validator,
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import check_task_source
+from ors_grpc.protocol import json_text
 
 __all__ = [
     "BadRequest",
@@ -319,7 +320,7 @@ def _int64(value: int) -> int:
 
 
 def _json_value(value: Any) -> types_pb2.JsonValue:
-    return types_pb2.JsonValue(json=json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return types_pb2.JsonValue(json=json_text.dumps(value))
 
 
 def secrets_from_header(header: Optional[str]) -> dict[str, str]:
@@ -512,7 +513,7 @@ def _dump(value: Any, parts: list[str]) -> None:
 
 
 def _scalar(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json_text.dumps(value)
 
 
 def raw_json(value: types_pb2.JsonValue, present: bool = True) -> Raw:

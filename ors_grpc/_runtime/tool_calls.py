@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -29,6 +28,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool
+from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
@@ -73,7 +73,7 @@ def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
     """What an idempotency key is bound to: the kind of call (`tool`,
     `score_group`), its name (none for a scoring) and its input (a tool's
     input, a scoring's candidates) as canonical JSON (keys sorted), hashed."""
-    text = json.dumps([kind, name, tool_input], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = json_text.canonical([kind, name, tool_input])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import secrets as secrets_module
 from collections import deque
 from typing import Any, Awaitable, Callable
 
 from ors_grpc.observability import metrics
-from ors_grpc.protocol.convert import _jsonable
+from ors_grpc.protocol import json_text
 
 from ors_grpc._runtime.session import Session
 from ors_grpc.authoring.environment import Environment
@@ -107,8 +106,8 @@ class WarmPool:
     def _claim_key(
         self, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str], api_key: str
     ) -> ClaimKey:
-        task = json.dumps(task_spec, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
-        holder = json.dumps([sorted(secrets.items()), api_key], ensure_ascii=False, separators=(",", ":"))
+        task = json_text.canonical(task_spec)
+        holder = json_text.canonical([sorted(secrets.items()), api_key])
         return env_cls, task, hmac.new(self._hmac_key, holder.encode(), hashlib.sha256).digest()
 
     def _take(self, held: _Held) -> _Held:

@@ -12,7 +12,8 @@ import base64
 import json
 from typing import Any, Mapping, Optional, Union
 
-from ors_grpc.protocol import convert as _service_convert
+from ors_grpc.protocol import convert as protocol_convert
+from ors_grpc.protocol import json_text
 from ors_grpc._generated.ors.v1 import environment_service_pb2, types_pb2
 from ors_grpc.authoring.types import (
     GroupCandidate,
@@ -37,7 +38,7 @@ _SPLIT_TYPES = {
 
 def json_value(value: Any) -> types_pb2.JsonValue:
     """A JSON value as the wire's JSON text."""
-    return types_pb2.JsonValue(json=json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return types_pb2.JsonValue(json=json_text.dumps(value))
 
 
 def _optional_json(message: Any, field: str) -> Optional[Any]:
@@ -109,19 +110,19 @@ def terminal_tool(listing: Any) -> Optional[TerminalToolSpec]:
 
 def refusal_reason(result: types_pb2.RunToolResult) -> Optional[str]:
     """A refused call's reason (`not_found`, ...), None when the server gave none."""
-    return _service_convert.RUN_TOOL_ERROR_REASON_NAMES.get(result.reason)
+    return protocol_convert.RUN_TOOL_ERROR_REASON_NAMES.get(result.reason)
 
 
 def messages(wire: Any) -> list[Message]:
     """A GetMessages answer's messages (the same validation as the environment's)."""
-    return [_service_convert.message_from_proto(m) for m in wire]
+    return [protocol_convert.message_from_proto(m) for m in wire]
 
 
 def group_candidate(candidate: Union[GroupCandidate, Any]) -> types_pb2.GroupCandidate:
     """A GroupCandidate, or a bare sequence of Messages (or their dicts), as sent."""
     if not isinstance(candidate, GroupCandidate):
         candidate = GroupCandidate(messages=list(candidate))
-    return _service_convert.group_candidate_to_proto(candidate)
+    return protocol_convert.group_candidate_to_proto(candidate)
 
 
 def group_scores(result: environment_service_pb2.ScoreGroupResult) -> list[GroupScore]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Union
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
+from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError
 from ors_grpc.authoring.types import (
     GroupCandidate,
@@ -35,7 +36,6 @@ from ors_grpc.authoring.types import (
 
 __all__ = [
     "blocks_to_proto",
-    "dump_json",
     "group_candidate_to_proto",
     "group_candidates_from_proto",
     "group_scores_to_proto",
@@ -75,27 +75,8 @@ _RUN_TOOL_ERROR_REASONS = {
 RUN_TOOL_ERROR_REASON_NAMES = {value: name for name, value in _RUN_TOOL_ERROR_REASONS.items()}
 
 
-def _jsonable(value: Any) -> Any:
-    """`json.dumps` fallback for what environments return besides plain JSON
-    (pydantic models, read-only mappings, sets), like FastAPI's encoder."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, (set, frozenset)) or (isinstance(value, Sequence) and not isinstance(value, str)):
-        return list(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def dump_json(value: Any) -> str:
-    """Compact JSON text of a user value, lossless for JSON-shaped data."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
-
-
 def json_value(value: Any) -> types_pb2.JsonValue:
-    return types_pb2.JsonValue(json=dump_json(value))
+    return types_pb2.JsonValue(json=json_text.dumps(value))
 
 
 def _optional_json_value(value: Any) -> types_pb2.JsonValue | None:

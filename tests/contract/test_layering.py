@@ -1,0 +1,72 @@
+"""Who may import whom: the layout of docs/architecture.md ("Layout"), read
+from the source (tests/support/import_graph.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.import_graph import GENERATED, PACKAGES, cycles, graph, imports, modules
+
+DOORS = ("http_bridge", "mcp_bridge")
+COMPOSITION_ROOT = "ors_grpc.serving"
+
+
+def _imports_of(prefix: str) -> dict[str, set[str]]:
+    return {name: deps for name, deps in graph().items() if name == prefix or name.startswith(prefix + ".")}
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_no_import_cycle_among_hand_written_modules() -> None:
+    assert cycles(graph()) == []
+
+
+def test_only_the_composition_root_imports_a_door() -> None:
+    importers = {
+        name for name, deps in graph().items()
+        if not any(_within(name, door) for door in DOORS) and any(_within(d, door) for d in deps for door in DOORS)
+    }
+    assert importers <= {COMPOSITION_ROOT}
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    # The wire protocol is shared by everyone and depends on no audience but the data types.
+    ("ors_grpc.protocol", ("ors_grpc._runtime", "ors_grpc.client", "ors_grpc.authoring.environment",
+                           "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),
+    # What authors write against knows nothing of serving or clients.
+    ("ors_grpc.authoring", ("ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),
+    ("ors_grpc.client", ("ors_grpc._runtime", "ors_grpc.authoring.environment", "ors_grpc.serving",
+                         "ors_grpc.server", "ors_grpc.cli", *DOORS)),
+    ("ors_grpc._runtime", ("ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),
+    # A door translates onto the gRPC service: no session state, so no runtime and no client.
+    *((door, ("ors_grpc._runtime", "ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli"))
+      for door in DOORS),
+])
+def test_a_layer_imports_only_what_is_below_it(layer: str, forbidden: tuple[str, ...]) -> None:
+    wrong = sorted(
+        f"{name} -> {dep}" for name, deps in _imports_of(layer).items() for dep in deps
+        if any(_within(dep, f) for f in forbidden)
+    )
+    assert wrong == []
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    known = modules()
+    taken = sorted(
+        f"{imp.importer}:{imp.line} takes {name} from {imp.module}"
+        for imp in imports()
+        if imp.module.split(".")[0] in PACKAGES and not imp.module.startswith(GENERATED)
+        for name in imp.names
+        if name.startswith("_") and not name.startswith("__") and f"{imp.module}.{name}" not in known
+    )
+    assert taken == []
+
+
+def test_the_graph_sees_the_known_edges() -> None:
+    # Guards the two tests above against a graph that reads nothing.
+    edges = graph()
+    assert "http_bridge" in edges[COMPOSITION_ROOT]
+    assert "ors_grpc._runtime.sessions" in edges["ors_grpc._runtime.service"]
+    assert "ors_grpc.protocol.constants" in edges["ors_grpc.client._connection"]
