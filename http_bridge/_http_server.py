@@ -111,11 +111,12 @@ class RequestHeadTooLarge(http_exceptions.BadHttpMessage):
 
 
 class _HeadBoundParser:
-    """aiohttp's request parser, refusing a request head over the limits:
-    aiohttp bounds each line only, so 100 lines of 127 KiB (a 12 MB head)
-    would otherwise be parsed and kept. A chunk that does not complete a head
-    counts toward it (the parser holds at most one chunk beyond the limit);
-    a request body's bytes never do. After a refusal the rest is dropped."""
+    """aiohttp's request parser, refusing a request head over the limits
+    before the parser takes its bytes in: aiohttp bounds each line only, so
+    100 lines of 127 KiB (a 12 MB head) would otherwise be parsed and kept.
+    Bytes count toward a head from the end of the previous request's body up
+    to the blank line that ends the head; a body's bytes never do. After a
+    refusal the rest of the connection's bytes are dropped."""
 
     def __init__(self, parser: Any, max_head_bytes: int, max_headers: int) -> None:
         self._parser = parser
@@ -123,25 +124,33 @@ class _HeadBoundParser:
         self._max_lines = max_headers + 1  # and the request line
         self._head_bytes = 0
         self._head_lines = 0
+        self._tail = b""  # the head's last bytes so far: the blank line may span two chunks
         self._body: Any = None  # the last request's payload, while it is being received
         self._refused = False
 
     def feed_data(self, data: bytes) -> Any:
         if self._refused:
             return [], False, b""
-        in_head = self._body is None or self._body.is_eof()
+        if self._body is None or self._body.is_eof():
+            self._count_head(data)
         messages, upgraded, tail = self._parser.feed_data(data)
         if messages:
             self._head_bytes = self._head_lines = 0
+            self._tail = b""
             self._body = messages[-1][1]
-        elif in_head:
-            self._head_bytes += len(data)
-            self._head_lines += data.count(b"\n")
-            if self._head_bytes > self._max_head_bytes:
-                self._refuse(f"Request head too large (limit {self._max_head_bytes} bytes)")
-            if self._head_lines > self._max_lines:
-                self._refuse(f"Too many request headers (limit {self._max_lines - 1})")
         return messages, upgraded, tail
+
+    def _count_head(self, data: bytes) -> None:
+        window = self._tail + data
+        end = window.find(b"\r\n\r\n")
+        head = data if end < 0 else data[: max(0, end - len(self._tail))]
+        self._head_bytes += len(head)
+        self._head_lines += head.count(b"\n")
+        self._tail = window[-3:]
+        if self._head_bytes > self._max_head_bytes:
+            self._refuse(f"Request head too large (limit {self._max_head_bytes} bytes)")
+        if self._head_lines >= self._max_lines + (end < 0):  # the last line's newline is the blank line's
+            self._refuse(f"Too many request headers (limit {self._max_lines - 1})")
 
     def _refuse(self, detail: str) -> None:
         self._refused = True
