@@ -458,7 +458,8 @@ def _text_proto(block: TextBlockBody) -> types_pb2.TextBlock:
 
 
 def _image_proto(block: ImageBlockBody) -> types_pb2.ImageBlock:
-    return types_pb2.ImageBlock(data=block.data, mime_type=block.mimeType, detail=_optional_json(block.detail, "a block's detail"))
+    detail = _optional_json(block.detail, "a block's detail")
+    return types_pb2.ImageBlock(data=block.data, mime_type=block.mimeType, detail=detail)
 
 
 def _plain_block_proto(block: Union[TextBlockBody, ImageBlockBody]) -> types_pb2.Block:
@@ -475,7 +476,8 @@ def _message_block_proto(block: Any) -> types_pb2.MessageBlock:
         reasoning = types_pb2.ReasoningBlock(text=block.text, signature=block.signature, detail=detail)
         return types_pb2.MessageBlock(reasoning=reasoning)
     if isinstance(block, ToolCallBlockBody):
-        call = types_pb2.ToolCallBlock(id=block.id, name=block.name, input=_json_value(block.input, "a tool_call block's input"), detail=detail)
+        tool_input = _json_value(block.input, "a tool_call block's input")
+        call = types_pb2.ToolCallBlock(id=block.id, name=block.name, input=tool_input, detail=detail)
         return types_pb2.MessageBlock(tool_call=call)
     if isinstance(block, ToolResultBlockBody):
         result = types_pb2.ToolResultBlock(

@@ -245,7 +245,8 @@ def group_scores_to_proto(scores: Sequence[Any]) -> list[types_pb2.GroupScore]:
     `{reward}`) as wire scores; ValueError when it is neither."""
     return [
         types_pb2.GroupScore(reward=score, metadata=None) if isinstance(score, float)
-        else types_pb2.GroupScore(reward=score.reward, metadata=_optional_json_value(score.metadata, "a score's metadata"))
+        else types_pb2.GroupScore(
+            reward=score.reward, metadata=_optional_json_value(score.metadata, "a score's metadata"))
         for score in _SCORES.validate_python(list(scores))
     ]
 

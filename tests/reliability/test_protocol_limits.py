@@ -129,10 +129,11 @@ async def test_user_json_one_level_over_the_limit_is_400_naming_the_field_and_at
         doors: Doors, door_index: int) -> None:
     async with aiohttp.ClientSession(doors.http[door_index].http_url) as http:
         sid = await _http_session(http)
-        status, answer = await _post(http, "/{env}/call", f'{{"name":"echo_tag","input":{nested_object(MAX_JSON_DEPTH + 1)}}}', sid)
+        over = nested_object(MAX_JSON_DEPTH + 1)
+        status, answer = await _post(http, "/{env}/call", f'{{"name":"echo_tag","input":{over}}}', sid)
         assert (status, answer["detail"].split(":")[0]) == (400, "input.a.a.a.a...")
-        status, answer = await _post(http, "/{env}/score_group",
-                                     f'{{"candidates":[{{"messages":[],"metadata":{nested_object(MAX_JSON_DEPTH + 1)}}}]}}', sid)
+        status, answer = await _post(http, "/{env}/score_group", f'{{"candidates":[{{"messages":[],"metadata":{over}}}]}}',
+                                     sid)
         assert status == 400 and answer["detail"].startswith("a candidate's metadata"), answer
         async with http.post(f"/{ENV}/call", data=f'{{"name":"echo_tag","input":{nested_object(MAX_JSON_DEPTH)}}}',
                              headers={"Content-Type": "application/json", "X-Session-ID": sid}) as response:
@@ -157,7 +158,8 @@ async def test_deep_json_or_nan_in_x_secrets_is_400(doors: Doors, door_index: in
     async with aiohttp.ClientSession(doors.http[door_index].http_url) as http:
         for payload in (nested_object(1_000), '{"K":NaN}'):
             header = base64.b64encode(payload.encode()).decode()
-            status, answer = await _post(http, "/create", '{"task_spec":{}}', str(uuid.uuid4()), **{"X-Secrets": header})
+            status, answer = await _post(http, "/create", '{"task_spec":{}}', str(uuid.uuid4()),
+                                         **{"X-Secrets": header})
             assert status == 400 and answer["detail"].startswith("X-Secrets"), answer
 
 
@@ -199,7 +201,8 @@ def test_the_walk_finds_the_json_fields_of_every_rpc_that_has_them() -> None:
     rpcs = {name for name, _ in RPC_JSON_FIELDS}
     assert rpcs == {"CreateEpisode", "CallTool", "RunEpisode", "ScoreGroup", "PrepareEpisodes",
                     "CancelPreparedEpisodes"}
-    assert ("ScoreGroup", ("candidates", "messages", "blocks", "tool_result", "blocks", "text", "detail")) in RPC_JSON_FIELDS
+    nested_detail = ("candidates", "messages", "blocks", "tool_result", "blocks", "text", "detail")
+    assert ("ScoreGroup", nested_detail) in RPC_JSON_FIELDS
 
 
 async def _grpc_session(stub: pb_grpc.EnvironmentServiceStub) -> str:
