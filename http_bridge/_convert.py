@@ -31,11 +31,13 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import check_task_source
 from ors_grpc.protocol import json_text
+from ors_grpc.protocol.constants import MAX_JSON_DEPTH
 
 __all__ = [
     "BadRequest",
     "Body",
     "CallBody",
+    "CancelPreparedBody",
     "CreateBody",
     "PrepareBody",
     "ScoreGroupBody",
@@ -43,6 +45,7 @@ __all__ = [
     "TaskBody",
     "TaskRangeBody",
     "blocks_json",
+    "cancel_prepared_request",
     "check_text",
     "create_episode_request",
     "dumps",
@@ -64,6 +67,10 @@ __all__ = [
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Levels a body's own fields may add around the user JSON it carries (a
+#: tool_result block's `detail` in a `/score_group` candidate is 10 deep);
+#: each user JSON value is then held to MAX_JSON_DEPTH itself (`_json_value`).
+BODY_ENVELOPE_DEPTH = 16
 
 
 class BadRequest(Exception):
@@ -137,6 +144,23 @@ class PrepareBody(Body):
         by_index = self.split is not None or self.indices is not None
         if bool(self.task_specs) == by_index or (by_index and not (self.split and self.indices)):
             raise ValueError("Provide either task_specs or both split and indices, not both/neither")
+        return self
+
+
+class CancelPreparedBody(Body):
+    """Body of `/{env}/cancel_prepared` (an extension): `task_specs`, or
+    `split` + `indices`, or neither (every held episode of the environment)."""
+
+    task_specs: Optional[list[dict[str, Any]]] = None
+    split: Optional[str] = None
+    indices: Optional[list[int]] = None
+    secrets: Optional[dict[str, str]] = None
+
+    @model_validator(mode="after")
+    def _one_task_source(self) -> "CancelPreparedBody":
+        by_index = self.split is not None or self.indices is not None
+        if (self.task_specs and by_index) or (by_index and not (self.split and self.indices)):
+            raise ValueError("Provide either task_specs or both split and indices (or neither: all), not both")
         return self
 
 
@@ -286,11 +310,11 @@ def parse_body(raw: bytes, model: type[Body]) -> Any:
     if not raw.strip():
         raise BadRequest("Request body is required: a JSON object")
     try:
-        value = json.loads(raw)
+        value = json_text.loads(raw, "body", MAX_JSON_DEPTH + BODY_ENVELOPE_DEPTH)
+    except json_text.JsonLimitError as exc:  # too deep, or NaN: 400 as the gRPC door's JSON_LIMIT
+        raise BadRequest(str(exc), status=400) from None
     except ValueError as exc:  # also bad UTF-8, and integers over the digit limit
         raise BadRequest(f"Request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("Request body is not valid JSON: nested too deeply") from None
     _check_json_text(raw, value)
     if not isinstance(value, dict):
         raise BadRequest(f"Request body must be a JSON object, not {_json_type(value)}")
@@ -319,8 +343,13 @@ def _int64(value: int) -> int:
     return max(INT64_MIN, min(INT64_MAX, value))
 
 
-def _json_value(value: Any) -> types_pb2.JsonValue:
-    return types_pb2.JsonValue(json=json_text.dumps(value))
+def _json_value(value: Any, field: str) -> types_pb2.JsonValue:
+    """A body's user JSON value as a JsonValue; BadRequest 400 naming `field`
+    when it breaks json_text's rules (deeper than MAX_JSON_DEPTH itself)."""
+    try:
+        return types_pb2.JsonValue(json=json_text.dumps(value, field))
+    except json_text.JsonLimitError as exc:
+        raise BadRequest(str(exc), status=400) from None
 
 
 def secrets_from_header(header: Optional[str]) -> dict[str, str]:
@@ -329,8 +358,10 @@ def secrets_from_header(header: Optional[str]) -> dict[str, str]:
         return {}
     try:
         decoded = base64.b64decode(header.strip(), validate=True)
-        payload = json.loads(decoded)
-    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
+        payload = json_text.loads(decoded, "X-Secrets")
+    except json_text.JsonLimitError as exc:
+        raise BadRequest(str(exc), status=400) from None
+    except (binascii.Error, ValueError, UnicodeDecodeError):
         raise BadRequest("X-Secrets header must be base64 of a JSON object") from None
     _check_json_text(decoded, payload)
     if not isinstance(payload, dict):
@@ -357,7 +388,7 @@ def create_episode_request(
     if body.toolset_name is not None:
         request.toolset_name = body.toolset_name
     if body.task_spec is not None:
-        request.task_spec.CopyFrom(_json_value(body.task_spec))
+        request.task_spec.CopyFrom(_json_value(body.task_spec, "task_spec"))
     else:
         request.task_index.CopyFrom(service_pb2.TaskIndex(split=body.split, index=_int64(body.index)))
     return request
@@ -377,7 +408,7 @@ def task_request(env_name: str, body: TaskBody) -> service_pb2.GetTaskRequest:
 
 
 def tool_call_request(session_id: str, body: CallBody, idempotency_key: str = "") -> service_pb2.CallToolRequest:
-    call = types_pb2.ToolCall(name=body.name, input=_json_value(body.input), task_id=body.task_id or "")
+    call = types_pb2.ToolCall(name=body.name, input=_json_value(body.input, "input"), task_id=body.task_id or "")
     return service_pb2.CallToolRequest(session_id=session_id, call=call, idempotency_key=idempotency_key)
 
 
@@ -398,23 +429,37 @@ def prepare_episodes_request(
     """The PrepareEpisodes request of a `/{env}/prepare` body; body secrets win over the header's."""
     return service_pb2.PrepareEpisodesRequest(
         env_name=env_name,
-        task_specs=[_json_value(spec) for spec in body.task_specs or ()],
+        task_specs=[_json_value(spec, f"task_specs[{i}]") for i, spec in enumerate(body.task_specs or ())],
         split=body.split or "",
         indices=[_int64(index) for index in body.indices or ()],
         secrets={**header_secrets, **(body.secrets or {})},
     )
 
 
-def _optional_json(value: Optional[dict[str, Any]]) -> Optional[types_pb2.JsonValue]:
-    return None if value is None else _json_value(value)
+def cancel_prepared_request(
+    env_name: str, body: CancelPreparedBody, header_secrets: dict[str, str]
+) -> service_pb2.CancelPreparedEpisodesRequest:
+    """The CancelPreparedEpisodes request of a `/{env}/cancel_prepared` body; body secrets win over the header's."""
+    return service_pb2.CancelPreparedEpisodesRequest(
+        env_name=env_name,
+        task_specs=[_json_value(spec, f"task_specs[{i}]") for i, spec in enumerate(body.task_specs or ())],
+        split=body.split or "",
+        indices=[_int64(index) for index in body.indices or ()],
+        secrets={**header_secrets, **(body.secrets or {})},
+    )
+
+
+def _optional_json(value: Optional[dict[str, Any]], field: str) -> Optional[types_pb2.JsonValue]:
+    return None if value is None else _json_value(value, field)
 
 
 def _text_proto(block: TextBlockBody) -> types_pb2.TextBlock:
-    return types_pb2.TextBlock(text=block.text, detail=_optional_json(block.detail))
+    return types_pb2.TextBlock(text=block.text, detail=_optional_json(block.detail, "a block's detail"))
 
 
 def _image_proto(block: ImageBlockBody) -> types_pb2.ImageBlock:
-    return types_pb2.ImageBlock(data=block.data, mime_type=block.mimeType, detail=_optional_json(block.detail))
+    detail = _optional_json(block.detail, "a block's detail")
+    return types_pb2.ImageBlock(data=block.data, mime_type=block.mimeType, detail=detail)
 
 
 def _plain_block_proto(block: Union[TextBlockBody, ImageBlockBody]) -> types_pb2.Block:
@@ -424,14 +469,15 @@ def _plain_block_proto(block: Union[TextBlockBody, ImageBlockBody]) -> types_pb2
 
 
 def _message_block_proto(block: Any) -> types_pb2.MessageBlock:
-    detail = _optional_json(block.detail)
+    detail = _optional_json(block.detail, "a block's detail")
     if isinstance(block, ImageBlockBody):
         return types_pb2.MessageBlock(image=_image_proto(block))
     if isinstance(block, ReasoningBlockBody):
         reasoning = types_pb2.ReasoningBlock(text=block.text, signature=block.signature, detail=detail)
         return types_pb2.MessageBlock(reasoning=reasoning)
     if isinstance(block, ToolCallBlockBody):
-        call = types_pb2.ToolCallBlock(id=block.id, name=block.name, input=_json_value(block.input), detail=detail)
+        tool_input = _json_value(block.input, "a tool_call block's input")
+        call = types_pb2.ToolCallBlock(id=block.id, name=block.name, input=tool_input, detail=detail)
         return types_pb2.MessageBlock(tool_call=call)
     if isinstance(block, ToolResultBlockBody):
         result = types_pb2.ToolResultBlock(
@@ -455,7 +501,7 @@ def _message_proto(message: MessageBody) -> types_pb2.Message:
     return types_pb2.Message(
         role=_ROLES[message.role],
         blocks=[_message_block_proto(block) for block in message.blocks],
-        detail=_optional_json(message.detail),
+        detail=_optional_json(message.detail, "a message's detail"),
     )
 
 
@@ -465,7 +511,7 @@ def score_group_request(
     candidates = [
         types_pb2.GroupCandidate(
             messages=[_message_proto(message) for message in candidate.messages],
-            metadata=_optional_json(candidate.metadata),
+            metadata=_optional_json(candidate.metadata, "a candidate's metadata"),
         )
         for candidate in body.candidates
     ]

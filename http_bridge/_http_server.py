@@ -1,7 +1,10 @@
 """The HTTP port's own policies, below the routes: limits, timeouts, client errors, logging.
 
 - Request heads: header lines up to `max_header_bytes` (an `X-Secrets` of
-  several keys or a service-account JSON is tens of kilobytes); the head must
+  several keys or a service-account JSON is tens of kilobytes), the whole
+  head up to `max_head_bytes` and `max_headers` header lines (431 with a JSON
+  `detail` over either, counted before aiohttp's parser keeps the bytes, so
+  that many huge heads cannot swell the server); the head must
   arrive within `header_timeout_s` of the connection opening or of the
   previous answer (aiohttp's keep-alive timer, which also closes idle
   connections then).
@@ -26,6 +29,8 @@ from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import http_exceptions, web
 from aiohttp.web_protocol import RequestHandler
+
+from ors_grpc.protocol.constants import MAX_REQUEST_HEAD_BYTES, MAX_REQUEST_HEADERS
 
 from . import _convert as convert
 
@@ -60,6 +65,8 @@ class HttpLimits:
     #: None: `default_max_connections()`.
     max_connections: Optional[int] = None
     max_header_bytes: int = MAX_HEADER_BYTES
+    max_head_bytes: int = MAX_REQUEST_HEAD_BYTES
+    max_headers: int = MAX_REQUEST_HEADERS
 
 
 LIMITS = web.AppKey("http_limits", HttpLimits)
@@ -99,9 +106,65 @@ async def guard_request(request: web.Request, handler: Handler) -> web.StreamRes
 # --------------------------------------------------------------------------
 
 
+class RequestHeadTooLarge(http_exceptions.BadHttpMessage):
+    """A request head over `max_head_bytes` or `max_headers` (answered 431)."""
+
+
+class _HeadBoundParser:
+    """aiohttp's request parser, refusing a request head over the limits
+    before the parser takes its bytes in: aiohttp bounds each line only, so
+    100 lines of 127 KiB (a 12 MB head) would otherwise be parsed and kept.
+    Bytes count toward a head from the end of the previous request's body up
+    to the blank line that ends the head; a body's bytes never do. After a
+    refusal the rest of the connection's bytes are dropped."""
+
+    def __init__(self, parser: Any, max_head_bytes: int, max_headers: int) -> None:
+        self._parser = parser
+        self._max_head_bytes = max_head_bytes
+        self._max_lines = max_headers + 1  # and the request line
+        self._head_bytes = 0
+        self._head_lines = 0
+        self._tail = b""  # the head's last bytes so far: the blank line may span two chunks
+        self._body: Any = None  # the last request's payload, while it is being received
+        self._refused = False
+
+    def feed_data(self, data: bytes) -> Any:
+        if self._refused:
+            return [], False, b""
+        if self._body is None or self._body.is_eof():
+            self._count_head(data)
+        messages, upgraded, tail = self._parser.feed_data(data)
+        if messages:
+            self._head_bytes = self._head_lines = 0
+            self._tail = b""
+            self._body = messages[-1][1]
+        return messages, upgraded, tail
+
+    def _count_head(self, data: bytes) -> None:
+        window = self._tail + data
+        end = window.find(b"\r\n\r\n")
+        head = data if end < 0 else data[: max(0, end - len(self._tail))]
+        self._head_bytes += len(head)
+        self._head_lines += head.count(b"\n")
+        self._tail = window[-3:]
+        if self._head_bytes > self._max_head_bytes:
+            self._refuse(f"Request head too large (limit {self._max_head_bytes} bytes)")
+        if self._head_lines >= self._max_lines + (end < 0):  # the last line's newline is the blank line's
+            self._refuse(f"Too many request headers (limit {self._max_lines - 1})")
+
+    def _refuse(self, detail: str) -> None:
+        self._refused = True
+        raise RequestHeadTooLarge(detail)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
 def _parse_error_detail(exc: Optional[BaseException], max_header_bytes: int) -> str:
     """What a malformed request head was, by kind only: aiohttp's message
     quotes the request's bytes."""
+    if isinstance(exc, RequestHeadTooLarge):
+        return exc.message  # our own words, with no request bytes
     if isinstance(exc, http_exceptions.LineTooLong):
         return f"Request line or header too long (limit {max_header_bytes} bytes)"
     if isinstance(exc, http_exceptions.BadHttpMethod):
@@ -128,6 +191,10 @@ class _ClientErrorAnswering(RequestHandler):
     header_timeout_s = HEADER_TIMEOUT_S
     _first_head_timer: Optional[asyncio.TimerHandle] = None
 
+    def bound_heads(self, max_head_bytes: int, max_headers: int) -> None:
+        """Refuse request heads over these limits (431); see `_HeadBoundParser`."""
+        self._parser = _HeadBoundParser(self._parser, max_head_bytes, max_headers)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._first_head_timer = asyncio.get_running_loop().call_later(
@@ -152,6 +219,8 @@ class _ClientErrorAnswering(RequestHandler):
     ) -> web.StreamResponse:
         if status >= 500:
             return super().handle_error(request, status, exc, message)
+        if isinstance(exc, RequestHeadTooLarge):
+            status = 431  # Request Header Fields Too Large (RFC 6585)
         logger.warning("http_client_error status=%d error=%s", status, type(exc).__name__ if exc else "none")
         if request.writer.output_size > 0:
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
@@ -203,6 +272,8 @@ class _GuardedServer(web.Server):
 
     max_connections = 10_000
     max_header_bytes = MAX_HEADER_BYTES
+    max_head_bytes = MAX_REQUEST_HEAD_BYTES
+    max_headers = MAX_REQUEST_HEADERS
 
     def __call__(self) -> Any:  # a protocol factory
         if len(self._connections) >= self.max_connections:
@@ -211,6 +282,7 @@ class _GuardedServer(web.Server):
         handler = _ClientErrorAnswering(self, loop=self._loop, **self._kwargs)
         handler.max_header_bytes = self.max_header_bytes
         handler.header_timeout_s = self._kwargs["keepalive_timeout"]
+        handler.bound_heads(self.max_head_bytes, self.max_headers)
         return handler
 
 
@@ -235,4 +307,6 @@ class GuardedRunner(web.AppRunner):
         server.__class__ = _GuardedServer
         server.max_connections = self._limits.max_connections or default_max_connections()  # type: ignore[attr-defined]
         server.max_header_bytes = self._limits.max_header_bytes  # type: ignore[attr-defined]
+        server.max_head_bytes = self._limits.max_head_bytes  # type: ignore[attr-defined]
+        server.max_headers = self._limits.max_headers  # type: ignore[attr-defined]
         return server

@@ -206,6 +206,11 @@ SCHEMAS: dict[str, Any] = {
             "ttl_seconds": {"type": "number", "description": "How long a ready one waits to be claimed."},
         },
     },
+    "Cancelled": {
+        "type": "object",
+        "required": ["cancelled"],
+        "properties": {"cancelled": {"type": "integer", "description": "Held episodes cancelled."}},
+    },
 }
 
 #: Request bodies: the validating models' own schemas.
@@ -216,6 +221,7 @@ BODY_MODELS = {
     "CreateBody": convert.CreateBody,
     "CallBody": convert.CallBody,
     "PrepareBody": convert.PrepareBody,
+    "CancelPreparedBody": convert.CancelPreparedBody,
     "ScoreGroupBody": convert.ScoreGroupBody,
 }
 
@@ -323,7 +329,15 @@ OPERATIONS: tuple[Operation, ...] = (
               "extensions", "Preparing", body="PrepareBody", errors=(400, 404, 429),
               description="Not in ORS. Each entry has the server construct the environment and run `setup()` "
                           "in the background; a later `/create` of the same task, secrets and API key claims "
-                          "one at once. Unclaimed ones are torn down after `--warm-ttl` seconds."),
+                          "one at once. Unclaimed ones are torn down after `--warm-ttl` seconds; one whose "
+                          "setup has not ended `--warm-setup-timeout` seconds after its prepare is cancelled."),
+    Operation("post", "/{env}/cancel_prepared", "cancel_prepared_episodes",
+              "Extension: cancel episodes set up ahead (warm episodes)", "extensions", "Cancelled",
+              body="CancelPreparedBody", errors=(400, 404, 422),
+              description="Not in ORS. Cancels held (unclaimed) episodes prepared with the same secrets and API "
+                          "key: one of each task given, or every one of the environment with no task given; a "
+                          "running setup is cancelled, `teardown()` runs, and each frees its place in "
+                          "`--max-sessions`."),
     Operation("get", "/openapi.json", "openapi", "This document", "meta", {"type": "object"}, public=True,
               description="Needs no API key, as in the reference server."),
     Operation("get", "/docs", "docs", "Swagger UI for this document", "meta", public=True,

@@ -21,7 +21,7 @@ from aiohttp import web
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
-from ors_grpc.protocol.errors import RETRY_AFTER_S, http_status_for
+from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
@@ -81,6 +81,16 @@ def _json(value: Any, status: int = 200, headers: Optional[dict[str, str]] = Non
     return web.Response(text=convert.dumps(value), status=status, headers=headers, content_type="application/json")
 
 
+def _error(detail: str, status: int, headers: Optional[dict[str, str]] = None) -> web.Response:
+    """`{"detail": ...}`, the text cut as every error text is (`bounded_text`)."""
+    return _json({"detail": bounded_text(detail)}, status, headers)
+
+
+#: Status of an answer to a client that left before its request was in
+#: (nginx's "client closed request"); nobody reads it, the metrics count it.
+CLIENT_CLOSED_REQUEST = 499
+
+
 def _stub(request: web.Request) -> EnvironmentServiceStub:
     return request.app[STUB]
 
@@ -107,21 +117,25 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except convert.BadRequest as exc:
-        return _json({"detail": exc.detail}, exc.status)
+        return _error(exc.detail, exc.status)
     except grpc.aio.AioRpcError as exc:
         return _rpc_error(exc)
     except UnicodeEncodeError:
         # Request text protobuf refused (a route's input not checked by
         # _convert or guard_request): the client's, so 400, and unquoted.
-        return _json({"detail": "Request text is not valid UTF-8 (undecodable bytes or a lone surrogate)"}, 400)
+        return _error("Request text is not valid UTF-8 (undecodable bytes or a lone surrogate)", 400)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return _json({"detail": exc.reason}, exc.status, headers)
+        return _error(exc.reason, exc.status, headers)
+    except ConnectionResetError:
+        # The client left mid-body (or mid-answer): its doing, not a fault here.
+        logger.info("http_client_disconnected method=%s path=%s", request.method, request.path)
+        return web.Response(status=CLIENT_CLOSED_REQUEST)
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
-        return _json({"detail": "Internal Server Error"}, 500)
+        return _error("Internal Server Error", 500)
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
@@ -140,7 +154,7 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
         headers = {"X-Backend-State": "starting", "Retry-After": seconds}
     elif status in (429, 503):
         headers = {"Retry-After": "1"}
-    return _json({"detail": detail}, status, headers)
+    return _error(detail, status, headers)
 
 
 @web.middleware
@@ -169,7 +183,7 @@ async def default_env_redirect(request: web.Request, handler: Handler) -> web.St
                 raise web.HTTPPermanentRedirect(location)
             if len(segments) > 1:
                 hosted = ", ".join(names)
-                return _json({"detail": f"unknown environment {segments[0]!r}; this server hosts: {hosted}"}, 404)
+                return _error(f"unknown environment {segments[0]!r}; this server hosts: {hosted}", 404)
     return await handler(request)
 
 
@@ -407,14 +421,14 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
             # The backend went away mid-call: end the stream without `end`,
             # so the client reconnects with the task id instead of giving up.
             return []
-        return [("error", exc.details() or exc.code().name)]
+        return [("error", bounded_text(exc.details() or exc.code().name))]
     if message is grpc.aio.EOF:
         return []
     event = message.WhichOneof("event")
     if event == "result":
         return chunk_events(result_json(message.result))
     if event == "failure":
-        return [("error", message.failure.message)]
+        return [("error", bounded_text(message.failure.message))]
     return []
 
 
@@ -430,6 +444,15 @@ async def prepare_episodes(request: web.Request) -> web.Response:
     rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets)
     response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request))
     return _json({"preparing": response.preparing, "ttl_seconds": response.ttl_seconds})
+
+
+async def cancel_prepared(request: web.Request) -> web.Response:
+    """Warm episodes: cancel held ones (those given, or all of the environment) prepared with these secrets."""
+    body = await _body(request, convert.CancelPreparedBody)
+    header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
+    rpc_request = convert.cancel_prepared_request(request.match_info["env"], body, header_secrets)
+    response = await _stub(request).CancelPreparedEpisodes(rpc_request, metadata=call_metadata(request))
+    return _json({"cancelled": response.cancelled})
 
 
 # --------------------------------------------------------------------------
@@ -459,6 +482,7 @@ def _routes() -> list[web.RouteDef]:
         web.get("/{env}/task_tools", task_tools),
         web.post("/{env}/call", call_tool),
         web.post("/{env}/prepare", prepare_episodes),
+        web.post("/{env}/cancel_prepared", cancel_prepared),
         web.get("/{env}/messages", get_messages),
         web.post("/{env}/score_group", score_group),
     ]

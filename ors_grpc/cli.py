@@ -31,6 +31,7 @@ from ors_grpc.protocol.constants import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
     DEFAULT_SETUP_WAIT_S,
+    DEFAULT_WARM_SETUP_TIMEOUT_S,
     DEFAULT_WARM_TTL_S,
 )
 from ors_grpc.serving import StartupError
@@ -174,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds a tool call may run (default: no limit)")
     serve.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
                        help="seconds an episode prepared ahead is held unclaimed once set up")
+    serve.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="seconds a prepared episode's setup may take from its prepare, then it is cancelled")
     serve.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
                        metavar="BYTES", help="largest gRPC message and HTTP body, either way")
     serve.add_argument("--tls-cert", default=None, metavar="FILE",
@@ -239,6 +243,7 @@ async def _serve(args: argparse.Namespace) -> None:
         max_sessions=args.max_sessions,
         tool_timeout_s=args.tool_timeout,
         warm_ttl_s=args.warm_ttl,
+        warm_setup_timeout_s=args.warm_setup_timeout,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,

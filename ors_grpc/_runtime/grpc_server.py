@@ -35,6 +35,7 @@ from ors_grpc.protocol.constants import (
     DEFAULT_RESULT_LINGER_S,
     DEFAULT_SESSION_TIMEOUT_S,
     DEFAULT_SETUP_WAIT_S,
+    DEFAULT_WARM_SETUP_TIMEOUT_S,
     DEFAULT_WARM_TTL_S,
 )
 
@@ -80,6 +81,9 @@ class ServerConfig:
     #: Seconds an episode prepared ahead (PrepareEpisodes) is held unclaimed
     #: once its setup ended, before it is torn down.
     warm_ttl_s: float = DEFAULT_WARM_TTL_S
+    #: Seconds a prepared episode's setup may take, from its PrepareEpisodes,
+    #: before it is cancelled and torn down (its place in `max_sessions` freed).
+    warm_setup_timeout_s: float = DEFAULT_WARM_SETUP_TIMEOUT_S
     #: PEM certificate chain and private key files: serve TLS instead of plaintext.
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -260,6 +264,7 @@ async def create_server(
         tool_timeout_s=config.tool_timeout_s,
         warm_ttl_s=config.warm_ttl_s,
         setup_wait_s=config.setup_wait_s,
+        warm_setup_timeout_s=config.warm_setup_timeout_s,
     )
     service = EnvironmentService(environments, sessions, toolsets, max_message_bytes=config.max_message_bytes)
     # Metrics first: it also counts the calls the key check rejects.

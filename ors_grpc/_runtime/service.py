@@ -25,7 +25,8 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.environment import Environment, find_terminal_tool, flatten_messages, tool_specs_of
 from ors_grpc._runtime.user_code import run_user_code as _run_user_code
-from ors_grpc.protocol.errors import ORSError, abort, environment_error, message_too_large
+from ors_grpc.protocol import json_text
+from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
@@ -83,8 +84,12 @@ async def run_user_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> An
 
 
 def _raised_by_environment(exc: Exception) -> bool:
-    """Whether the environment's code raised `exc` (else it is a bug of ours)."""
-    return isinstance(exc, SessionCodeError) or getattr(exc, "ors_environment_code", False)
+    """Whether the environment's code raised `exc` (else it is a bug of ours).
+    JSON over json_text's rules in an answer is the environment's too: the
+    service writes only JSON the environment made (requests' JSON is checked
+    as it is read, an ORSError JSON_LIMIT)."""
+    return (isinstance(exc, (SessionCodeError, json_text.JsonLimitError))
+            or getattr(exc, "ors_environment_code", False))
 
 
 ToolsetRegistry = Union[Sequence[type], Mapping[str, type]]
@@ -140,9 +145,9 @@ def _step_error(step: str, exc: Exception) -> pb.StepError:
     if not isinstance(exc, ORSError):
         message = _log_unexpected(step, exc)
         if not _raised_by_environment(exc):
-            return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=message)
+            return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=logged_bounded_text(message, step))
         exc = environment_error(message)
-    return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=exc.message)
+    return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=logged_bounded_text(exc.message, step))
 
 
 @contextlib.asynccontextmanager
@@ -165,7 +170,7 @@ async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIte
         message = _log_unexpected(method, exc)
         if not _raised_by_environment(exc):
             outcome = "INTERNAL"
-            await context.abort(grpc.StatusCode.INTERNAL, message)
+            await context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(message, method))
         error = environment_error(message)
         outcome = error.reason_name
         await abort(context, error)
@@ -655,11 +660,25 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context))
         return pb.PrepareEpisodesResponse(preparing=len(task_specs), ttl_seconds=self._sessions.warm.ttl_s)
 
+    @_unary
+    async def CancelPreparedEpisodes(
+        self, request: pb.CancelPreparedEpisodesRequest, context: Any
+    ) -> pb.CancelPreparedEpisodesResponse:
+        env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
+        task_specs = await self._tasks_to_prepare(env_cls, request, required=False)
+        cancelled = self._sessions.warm.cancel(env_cls, task_specs, dict(request.secrets), _api_key(context))
+        return pb.CancelPreparedEpisodesResponse(cancelled=cancelled)
+
     async def _tasks_to_prepare(
-        self, env_cls: type[Environment], request: pb.PrepareEpisodesRequest
+        self, env_cls: type[Environment], request: pb.PrepareEpisodesRequest | pb.CancelPreparedEpisodesRequest,
+        required: bool = True,
     ) -> list[dict[str, Any]]:
-        """The task specs of a PrepareEpisodes request: given, or looked up by split and index."""
+        """The task specs of a PrepareEpisodes (or CancelPreparedEpisodes)
+        request: given, or looked up by split and index (none at all: [],
+        unless `required`)."""
         by_index = bool(request.split or request.indices)
+        if not (required or by_index or request.task_specs):
+            return []
         if bool(request.task_specs) == by_index or (by_index and not (request.split and request.indices)):
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_specs or both split and indices, not both/neither")

@@ -23,11 +23,11 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
-from ors_grpc.protocol.errors import ORSError
+from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.session import Session
 from ors_grpc._runtime.tool_calls import SessionToolCalls
 from ors_grpc._runtime.warm_pool import WarmPool
-from ors_grpc.protocol.constants import DEFAULT_SETUP_WAIT_S, DEFAULT_WARM_TTL_S
+from ors_grpc.protocol.constants import DEFAULT_SETUP_WAIT_S, DEFAULT_WARM_SETUP_TIMEOUT_S, DEFAULT_WARM_TTL_S
 
 __all__ = ["Session", "SessionTable", "redactor"]
 
@@ -76,6 +76,7 @@ class SessionTable:
         tool_timeout_s: float | None = None,
         warm_ttl_s: float = DEFAULT_WARM_TTL_S,
         setup_wait_s: float = DEFAULT_SETUP_WAIT_S,
+        warm_setup_timeout_s: float = DEFAULT_WARM_SETUP_TIMEOUT_S,
     ) -> None:
         self._setup_wait_s = setup_wait_s
         self._timeout_s = session_timeout_s
@@ -86,7 +87,7 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         #: Episodes prepared ahead (PrepareEpisodes), held outside the table until claimed.
-        self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end)
+        self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end, setup_timeout_s=warm_setup_timeout_s)
 
     @property
     def open_count(self) -> int:
@@ -256,7 +257,8 @@ class SessionTable:
         except Exception as exc:
             # The message reaches clients and logs: mask the session's secrets.
             message = session.redact(str(exc) or type(exc).__name__)
-            session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, message)
+            # Cut once here (every later call answers it); the whole text is logged once.
+            session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, bounded_text(message))
             logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, message)
         else:
             session.env = env

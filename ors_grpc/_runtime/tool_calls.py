@@ -29,7 +29,7 @@ from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool
 from ors_grpc.protocol import json_text
-from ors_grpc.protocol.errors import ORSError
+from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
 from ors_grpc._runtime.user_code import run_user_code
@@ -254,7 +254,7 @@ class SessionToolCalls:
             # The message reaches clients and logs: mask the session's secrets.
             message = self._redact(str(exc) or type(exc).__name__)
             logger.warning("tool_failed tool=%s error_type=%s error=%s", name, type(exc).__name__, message)
-            return CallOutcome(failure=message)
+            return CallOutcome(failure=bounded_text(message))  # the whole text is in the log line above
         if result.root.ok and self.finished:
             # Another call finished the episode while this one ran: the first finished result wins.
             return _refused_as_finished(name)
@@ -278,5 +278,5 @@ class SessionToolCalls:
         except Exception as exc:
             message = self._redact(str(exc) or type(exc).__name__)
             logger.warning("score_group_failed error_type=%s error=%s", type(exc).__name__, message)
-            return CallOutcome(failure=message)
+            return CallOutcome(failure=bounded_text(message))
         return CallOutcome(result=scores)

@@ -11,8 +11,10 @@ The claim key holds the task as canonical JSON (keys sorted) and, for the
 secrets and API key, an HMAC under a random per-process key: the pool never
 keeps a second copy of a secret in comparable form, and no log line names
 one. An episode not claimed within `ttl_s` after its setup ended is ended
-like a deleted one (`teardown()` included); so are those held when the
-server stops.
+like a deleted one (`teardown()` included); so is one whose setup has not
+ended within `setup_timeout_s` of its prepare (its setup cancelled), one
+cancelled by CancelPreparedEpisodes, and those held when the server stops.
+Each frees its place in the session limit as it leaves the pool.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Awaitable, Callable
 
 from ors_grpc.observability import metrics
 from ors_grpc.protocol import json_text
+from ors_grpc.protocol.constants import DEFAULT_WARM_SETUP_TIMEOUT_S
 
 from ors_grpc._runtime.session import Session
 from ors_grpc.authoring.environment import Environment
@@ -42,7 +45,8 @@ ClaimKey = tuple[type, str, bytes]
 
 
 class _Held:
-    """One prepared episode in the pool, and its expiry once its setup ended."""
+    """One prepared episode in the pool, and its expiry: the setup bound
+    while it sets up, then the TTL."""
 
     __slots__ = ("session", "key", "expiry", "in_pool")
 
@@ -56,8 +60,12 @@ class _Held:
 class WarmPool:
     """Prepared episodes by claim key, oldest first."""
 
-    def __init__(self, *, ttl_s: float, end: Callable[[Session], Awaitable[None]]) -> None:
+    def __init__(
+        self, *, ttl_s: float, end: Callable[[Session], Awaitable[None]],
+        setup_timeout_s: float = DEFAULT_WARM_SETUP_TIMEOUT_S,
+    ) -> None:
         self.ttl_s = ttl_s
+        self.setup_timeout_s = setup_timeout_s
         self._end = end
         self._hmac_key = secrets_module.token_bytes(32)
         self._held: dict[ClaimKey, deque[_Held]] = {}
@@ -78,6 +86,7 @@ class WarmPool:
         if session.setup_task is None:
             self._start_ttl(held)
         else:
+            held.expiry = asyncio.get_running_loop().call_later(self.setup_timeout_s, self._setup_timed_out, held)
             session.setup_task.add_done_callback(lambda _: self._start_ttl(held))
 
     def claim(
@@ -95,6 +104,27 @@ class WarmPool:
         logger.debug("warm_episode_claimed env=%s", env_cls.name().lower())
         return held.session
 
+    def cancel(
+        self, env_cls: type[Environment], task_specs: list[dict[str, Any]], secrets: dict[str, str], api_key: str
+    ) -> int:
+        """End held episodes of these secrets and `api_key`: one of each
+        task spec given (oldest first), or all of `env_cls` with none given.
+        Returns how many."""
+        if task_specs:
+            queues = [self._held.get(self._claim_key(env_cls, spec, secrets, api_key)) for spec in task_specs]
+            chosen = [queue.popleft() for queue in queues if queue]
+        else:
+            holder = self._holder(secrets, api_key)
+            chosen = [held for key, queue in list(self._held.items()) if key[0] is env_cls and key[2] == holder
+                      for held in list(queue)]
+            for held in chosen:
+                self._held[held.key].remove(held)
+        for held in chosen:
+            self._end_in_background(self._take(held), "cancelled")
+        if chosen:
+            logger.info("warm_episodes_cancelled env=%s count=%d", env_cls.name().lower(), len(chosen))
+        return len(chosen)
+
     async def close(self) -> None:
         """End every held episode and wait for those being ended (the server stops)."""
         for queue in list(self._held.values()):
@@ -106,9 +136,12 @@ class WarmPool:
     def _claim_key(
         self, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str], api_key: str
     ) -> ClaimKey:
-        task = json_text.canonical(task_spec)
+        return env_cls, json_text.canonical(task_spec), self._holder(secrets, api_key)
+
+    def _holder(self, secrets: dict[str, str], api_key: str) -> bytes:
+        """Who may claim or cancel: a keyed hash of the secrets and the API key."""
         holder = json_text.canonical([sorted(secrets.items()), api_key])
-        return env_cls, task, hmac.new(self._hmac_key, holder.encode(), hashlib.sha256).digest()
+        return hmac.new(self._hmac_key, holder.encode(), hashlib.sha256).digest()
 
     def _take(self, held: _Held) -> _Held:
         """Account for `held` leaving the pool (it is out of its queue already)."""
@@ -125,7 +158,19 @@ class WarmPool:
         """The setup of `held` ended: it is torn down after the TTL unless claimed first."""
         if not held.in_pool:
             return  # claimed (or ended) while setting up
+        if held.expiry is not None:
+            held.expiry.cancel()  # the setup bound
         held.expiry = asyncio.get_running_loop().call_later(self.ttl_s, self._expire, held)
+
+    def _setup_timed_out(self, held: _Held) -> None:
+        """The setup of `held` did not end within the bound: cancel and end it, freeing its place."""
+        if not held.in_pool:
+            return
+        self._held[held.key].remove(held)
+        held.expiry = None
+        self._end_in_background(self._take(held), "setup_timeout")
+        logger.warning("warm_setup_timed_out env=%s setup_timeout_s=%s",
+                       held.session.env_cls.name().lower(), self.setup_timeout_s)
 
     def _expire(self, held: _Held) -> None:
         if not held.in_pool:

@@ -9,7 +9,6 @@ integers of any size, `1.0` stays a float, key order is kept.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any, Mapping, Optional, Union
 
 from ors_grpc.protocol import convert as protocol_convert
@@ -37,7 +36,8 @@ _SPLIT_TYPES = {
 
 
 def json_value(value: Any) -> types_pb2.JsonValue:
-    """A JSON value as the wire's JSON text."""
+    """A JSON value as the wire's JSON text; json_text.JsonLimitError (a
+    ValueError) before anything is sent when it breaks json_text's rules."""
     return types_pb2.JsonValue(json=json_text.dumps(value))
 
 
@@ -45,11 +45,11 @@ def _optional_json(message: Any, field: str) -> Optional[Any]:
     """The JSON value of an optional JsonValue field; None when unset."""
     if not message.HasField(field):
         return None
-    return json.loads(getattr(message, field).json)
+    return json_text.loads(getattr(message, field).json, field)
 
 
 def task_spec(task: types_pb2.Task) -> Any:
-    return json.loads(task.spec.json)
+    return json_text.loads(task.spec.json, "task spec")
 
 
 def block(message: types_pb2.Block) -> Block:

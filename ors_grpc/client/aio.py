@@ -83,6 +83,18 @@ class AsyncORSClient:
         return AsyncEnvironment(name, self._connection, self._session_options)
 
 
+def _name_tasks(
+    request: Any, tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]],
+    split: Optional[str], indices: Optional[Sequence[int]],
+) -> None:
+    """Fill a PrepareEpisodes or CancelPreparedEpisodes request's tasks: task specs, or split and indices."""
+    if tasks is not None:
+        specs = [task.task_spec if isinstance(task, Task) else task for task in tasks]
+        request.task_specs.extend(_convert.json_value(spec) for spec in specs)
+    elif split is not None:
+        request.split, request.indices[:] = split, list(indices or ())
+
+
 class AsyncEnvironment:
     """One environment of the server: discovery calls and `session(...)`."""
 
@@ -172,12 +184,28 @@ class AsyncEnvironment:
         if (tasks is None) == (split is None or indices is None) or (split is None) != (indices is None):
             raise ValueError("pass either tasks, or both split and indices")
         request = pb.PrepareEpisodesRequest(env_name=self.name, secrets=dict(secrets or {}))
-        if tasks is not None:
-            specs = [task.task_spec if isinstance(task, Task) else task for task in tasks]
-            request.task_specs.extend(_convert.json_value(spec) for spec in specs)
-        else:
-            request.split, request.indices[:] = split, list(indices)
+        _name_tasks(request, tasks, split, indices)
         return (await self._connection.unary("PrepareEpisodes", request)).preparing
+
+    async def cancel_prepared(
+        self,
+        tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+        secrets: Optional[Mapping[str, str]] = None,
+        *,
+        split: Optional[str] = None,
+        indices: Optional[Sequence[int]] = None,
+    ) -> int:
+        """Cancels episodes `prepare` set up that are not claimed yet (their
+        setup cancelled, `teardown()` run, their places in the server's
+        session limit freed): one of each of `tasks` (or of tasks `indices`
+        of `split`), or, with none given, every one of this environment
+        prepared with the same secrets (CancelPreparedEpisodes). Returns how
+        many were cancelled."""
+        if tasks is not None and (split is not None or indices is not None) or (split is None) != (indices is None):
+            raise ValueError("pass tasks, or both split and indices, or neither (all)")
+        request = pb.CancelPreparedEpisodesRequest(env_name=self.name, secrets=dict(secrets or {}))
+        _name_tasks(request, tasks, split, indices)
+        return (await self._connection.unary("CancelPreparedEpisodes", request)).cancelled
 
     def _tasks(self, messages: Any) -> list[Task]:
         return [Task(self.name, _convert.task_spec(m)) for m in messages]

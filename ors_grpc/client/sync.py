@@ -159,6 +159,17 @@ class Environment:
         """Warm episodes: see AsyncEnvironment.prepare."""
         return self._loop.run(self._async.prepare(tasks, secrets, split=split, indices=indices))
 
+    def cancel_prepared(
+        self,
+        tasks: Optional[Sequence[Union[Task, Mapping[str, Any]]]] = None,
+        secrets: Optional[Mapping[str, str]] = None,
+        *,
+        split: Optional[str] = None,
+        indices: Optional[Sequence[int]] = None,
+    ) -> int:
+        """Warm episodes: see AsyncEnvironment.cancel_prepared."""
+        return self._loop.run(self._async.cancel_prepared(tasks, secrets, split=split, indices=indices))
+
     def terminal_tool(self) -> Optional[TerminalToolSpec]:
         return self._loop.run(self._async.terminal_tool())
 

@@ -84,7 +84,8 @@ WARM_EPISODES = Gauge(
 WARM_EPISODES_ENDED = Counter(
     "ors_warm_episodes_ended",
     "Prepared episodes that left the pool, by outcome: claimed (by an episode creation), expired (torn down"
-    " unclaimed after the warm TTL), closed (torn down when the server stopped).",
+    " unclaimed after the warm TTL), setup_timeout (setup cancelled after the warm setup timeout), cancelled"
+    " (by CancelPreparedEpisodes), closed (torn down when the server stopped).",
     ["environment", "outcome"],
 )
 RPCS_HANDLED = Counter(

@@ -13,9 +13,14 @@ __all__ = [
     "DEFAULT_RESULT_LINGER_S",
     "DEFAULT_SESSION_TIMEOUT_S",
     "DEFAULT_SETUP_WAIT_S",
+    "DEFAULT_WARM_SETUP_TIMEOUT_S",
     "DEFAULT_WARM_TTL_S",
     "ERROR_REASON_METADATA_KEY",
     "IDEMPOTENCY_KEY_HEADER",
+    "MAX_ERROR_TEXT_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_REQUEST_HEADERS",
+    "MAX_REQUEST_HEAD_BYTES",
     "SESSION_ID_METADATA_KEY",
     "STATUS_DETAILS_METADATA_KEY",
 ]
@@ -45,3 +50,29 @@ DEFAULT_RESULT_LINGER_S = 60.0
 #: Seconds an episode prepared ahead (PrepareEpisodes) is held unclaimed once
 #: its setup ended, before it is torn down.
 DEFAULT_WARM_TTL_S = 300.0
+#: Seconds a prepared episode's construction and `setup()` may take, counted
+#: from the PrepareEpisodes that started it, before it is cancelled and torn
+#: down (`--warm-setup-timeout`): a setup that hangs must not hold a place in
+#: `--max-sessions` for good.
+DEFAULT_WARM_SETUP_TIMEOUT_S = 600.0
+
+#: Deepest nesting of objects and arrays in any user JSON value (a task spec,
+#: a tool's input, a `detail`, a `metadata`), on every door and both ways.
+#: Parsers and encoders that recurse fail near 1,000 levels; pydantic
+#: refuses 255.
+MAX_JSON_DEPTH = 128
+#: Largest error text (UTF-8 bytes, marker included) in a gRPC status, its
+#: `google.rpc.Status` copy, a `StepError`, a tool's or a scoring's failure
+#: and an HTTP `detail`. The text travels twice in the trailers (percent-encoded
+#: in `grpc-message`: up to 3 bytes per byte; base64 in
+#: `grpc-status-details-bin`: 4/3), so 1 KiB keeps a whole status under 6 KiB,
+#: within the 8 KiB soft metadata limit of grpc servers and clients.
+MAX_ERROR_TEXT_BYTES = 1024
+
+#: Largest HTTP request head (request line and every header line), in bytes,
+#: on an HTTP port: room for a 64 KiB `X-Secrets` (about 86 KiB as base64)
+#: beside the usual headers, while 24 hostile 15 MB heads at once cost the
+#: server a few MB, not hundreds. Over it: 431 with a JSON `detail`.
+MAX_REQUEST_HEAD_BYTES = 256 * 1024
+#: Most header lines in one HTTP request head (431 over it).
+MAX_REQUEST_HEADERS = 100

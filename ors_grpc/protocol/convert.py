@@ -9,7 +9,6 @@ unicode as written.
 from __future__ import annotations
 
 import binascii
-import json
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -17,7 +16,7 @@ from pydantic import TypeAdapter
 
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
 from ors_grpc.protocol import json_text
-from ors_grpc.protocol.errors import ORSError
+from ors_grpc.protocol.errors import ORSError, json_limit
 from ors_grpc.authoring.types import (
     GroupCandidate,
     GroupScore,
@@ -75,22 +74,24 @@ _RUN_TOOL_ERROR_REASONS = {
 RUN_TOOL_ERROR_REASON_NAMES = {value: name for name, value in _RUN_TOOL_ERROR_REASONS.items()}
 
 
-def json_value(value: Any) -> types_pb2.JsonValue:
-    return types_pb2.JsonValue(json=json_text.dumps(value))
+def json_value(value: Any, field: str = "the value") -> types_pb2.JsonValue:
+    """A user value as a JsonValue; json_text.JsonLimitError naming `field` when it breaks json_text's rules."""
+    return types_pb2.JsonValue(json=json_text.dumps(value, field))
 
 
-def _optional_json_value(value: Any) -> types_pb2.JsonValue | None:
-    return None if value is None else json_value(value)
+def _optional_json_value(value: Any, field: str = "the value") -> types_pb2.JsonValue | None:
+    return None if value is None else json_value(value, field)
 
 
 def load_json_object(message: types_pb2.JsonValue, field: str) -> dict[str, Any]:
-    """Parse a request's JsonValue that must be a JSON object."""
+    """Parse a request's JsonValue that must be a JSON object: JSON_LIMIT
+    when it breaks json_text's rules, INVALID_REQUEST when it is not JSON."""
     try:
-        value = json.loads(message.json)
+        value = json_text.loads(message.json, field)
+    except json_text.JsonLimitError as exc:
+        raise json_limit(exc) from None
     except ValueError as exc:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: invalid JSON ({exc})") from None
-    except RecursionError:
-        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: invalid JSON (nested too deeply)") from None
     if not isinstance(value, dict):
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"{field}: must be a JSON object")
     return value
@@ -99,14 +100,14 @@ def load_json_object(message: types_pb2.JsonValue, field: str) -> dict[str, Any]
 def _block_to_proto(block: TextBlock | ImageBlock) -> types_pb2.Block:
     if isinstance(block, TextBlock):
         return types_pb2.Block(
-            text=types_pb2.TextBlock(text=block.text, detail=_optional_json_value(block.detail))
+            text=types_pb2.TextBlock(text=block.text, detail=_optional_json_value(block.detail, "a block's detail"))
         )
     return types_pb2.Block(
         image=types_pb2.ImageBlock(
             # a2b_base64 takes the str as is (b64decode would copy it to bytes first).
             data=binascii.a2b_base64(block.data),
             mime_type=block.mimeType,
-            detail=_optional_json_value(block.detail),
+            detail=_optional_json_value(block.detail, "a block's detail"),
         )
     )
 
@@ -120,7 +121,7 @@ def _tool_spec_to_proto(spec: ToolSpec) -> types_pb2.ToolSpec:
     return types_pb2.ToolSpec(
         name=spec.name,
         description=spec.description,
-        input_schema=_optional_json_value(spec.input_schema),
+        input_schema=_optional_json_value(spec.input_schema, "a tool's input_schema"),
     )
 
 
@@ -145,14 +146,14 @@ def tool_listing(tools: ListToolsOutput) -> dict[str, Any]:
 def _message_block_to_proto(block: Any) -> types_pb2.MessageBlock:
     if isinstance(block, (TextBlock, ImageBlock)):
         return types_pb2.MessageBlock(**{block.type: getattr(_block_to_proto(block), block.type)})
-    detail = _optional_json_value(block.detail)
+    detail = _optional_json_value(block.detail, "a block's detail")
     if isinstance(block, ReasoningBlock):
         return types_pb2.MessageBlock(
             reasoning=types_pb2.ReasoningBlock(text=block.text, signature=block.signature, detail=detail)
         )
     if isinstance(block, ToolCallBlock):
         return types_pb2.MessageBlock(tool_call=types_pb2.ToolCallBlock(
-            id=block.id, name=block.name, input=json_value(block.input), detail=detail
+            id=block.id, name=block.name, input=json_value(block.input, "a tool_call block's input"), detail=detail
         ))
     return types_pb2.MessageBlock(tool_result=types_pb2.ToolResultBlock(
         tool_call_id=block.tool_call_id, blocks=blocks_to_proto(block.blocks), is_error=block.is_error, detail=detail
@@ -163,7 +164,7 @@ def _message_to_proto(message: Message) -> types_pb2.Message:
     return types_pb2.Message(
         role=_ROLES[message.role],
         blocks=[_message_block_to_proto(block) for block in message.blocks],
-        detail=_optional_json_value(message.detail),
+        detail=_optional_json_value(message.detail, "a message's detail"),
     )
 
 
@@ -172,64 +173,70 @@ def messages_to_proto(messages: Sequence[Any]) -> list[types_pb2.Message]:
     return [_message_to_proto(message) for message in _MESSAGES.validate_python(list(messages))]
 
 
-def _loaded(message: Any, field: str) -> Any:
-    """An optional JsonValue field's value (None when unset); ValueError when it is not JSON."""
-    return json.loads(getattr(message, field).json) if message.HasField(field) else None
+def _loaded(message: Any, field: str, where: str) -> Any:
+    """An optional JsonValue field's value (None when unset); ValueError when
+    it is not JSON, json_text.JsonLimitError naming `where` when it breaks the rules."""
+    return json_text.loads(getattr(message, field).json, f"{where}.{field}") if message.HasField(field) else None
 
 
-def block_from_proto(message: types_pb2.Block | types_pb2.MessageBlock) -> dict[str, Any]:
-    """A block's JSON shape (as a dict, for the models to validate)."""
+def block_from_proto(message: types_pb2.Block | types_pb2.MessageBlock, where: str = "block") -> dict[str, Any]:
+    """A block's JSON shape (as a dict, for the models to validate); `where` names it in errors."""
     kind = message.WhichOneof("block")
     inner = getattr(message, kind) if kind else None
     if kind == "text":
-        return {"text": inner.text, "detail": _loaded(inner, "detail"), "type": "text"}
+        return {"text": inner.text, "detail": _loaded(inner, "detail", where), "type": "text"}
     if kind == "image":
         data = binascii.b2a_base64(inner.data, newline=False).decode("ascii")
-        return {"data": data, "mimeType": inner.mime_type, "detail": _loaded(inner, "detail"), "type": "image"}
+        return {"data": data, "mimeType": inner.mime_type, "detail": _loaded(inner, "detail", where), "type": "image"}
     if kind == "reasoning":
         signature = inner.signature if inner.HasField("signature") else None
-        return {"text": inner.text, "signature": signature, "detail": _loaded(inner, "detail"), "type": "reasoning"}
+        return {"text": inner.text, "signature": signature, "detail": _loaded(inner, "detail", where),
+                "type": "reasoning"}
     if kind == "tool_call":
-        tool_input = _loaded(inner, "input")
+        tool_input = _loaded(inner, "input", where)
         return {"id": inner.id, "name": inner.name, "input": {} if tool_input is None else tool_input,
-                "detail": _loaded(inner, "detail"), "type": "tool_call"}
+                "detail": _loaded(inner, "detail", where), "type": "tool_call"}
     if kind == "tool_result":
-        return {"tool_call_id": inner.tool_call_id, "blocks": [block_from_proto(b) for b in inner.blocks],
-                "is_error": inner.is_error, "detail": _loaded(inner, "detail"), "type": "tool_result"}
+        blocks = [block_from_proto(b, f"{where}.blocks[{i}]") for i, b in enumerate(inner.blocks)]
+        return {"tool_call_id": inner.tool_call_id, "blocks": blocks,
+                "is_error": inner.is_error, "detail": _loaded(inner, "detail", where), "type": "tool_result"}
     raise ValueError("a block has no content")
 
 
-def message_from_proto(message: types_pb2.Message) -> Message:
+def message_from_proto(message: types_pb2.Message, where: str = "message") -> Message:
     """A wire message as the model; ValueError (pydantic's ValidationError
-    included) when it is not a valid message."""
+    included) when it is not a valid message; `where` names it in errors."""
     role = _ROLE_NAMES.get(message.role)
     if role is None:
         raise ValueError("a message has no role")
     return Message.model_validate({
         "role": role,
-        "blocks": [block_from_proto(block) for block in message.blocks],
-        "detail": _loaded(message, "detail"),
+        "blocks": [block_from_proto(block, f"{where}.blocks[{i}]") for i, block in enumerate(message.blocks)],
+        "detail": _loaded(message, "detail", where),
     })
 
 
 def group_candidates_from_proto(candidates: Sequence[types_pb2.GroupCandidate]) -> list[GroupCandidate]:
-    """A ScoreGroup request's candidates; INVALID_REQUEST when one is not valid."""
+    """A ScoreGroup request's candidates; JSON_LIMIT or INVALID_REQUEST when one is not valid."""
     try:
         return [
             GroupCandidate(
-                messages=[message_from_proto(m) for m in candidate.messages],
-                metadata=_loaded(candidate, "metadata"),
+                messages=[message_from_proto(m, f"candidates[{c}].messages[{i}]")
+                          for i, m in enumerate(candidate.messages)],
+                metadata=_loaded(candidate, "metadata", f"candidates[{c}]"),
             )
-            for candidate in candidates
+            for c, candidate in enumerate(candidates)
         ]
-    except (ValueError, RecursionError) as exc:
+    except json_text.JsonLimitError as exc:
+        raise json_limit(exc) from None
+    except ValueError as exc:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, f"candidates: {exc}") from None
 
 
 def group_candidate_to_proto(candidate: GroupCandidate) -> types_pb2.GroupCandidate:
     return types_pb2.GroupCandidate(
         messages=[_message_to_proto(message) for message in candidate.messages],
-        metadata=_optional_json_value(candidate.metadata),
+        metadata=_optional_json_value(candidate.metadata, "a candidate's metadata"),
     )
 
 
@@ -238,7 +245,8 @@ def group_scores_to_proto(scores: Sequence[Any]) -> list[types_pb2.GroupScore]:
     `{reward}`) as wire scores; ValueError when it is neither."""
     return [
         types_pb2.GroupScore(reward=score, metadata=None) if isinstance(score, float)
-        else types_pb2.GroupScore(reward=score.reward, metadata=_optional_json_value(score.metadata))
+        else types_pb2.GroupScore(
+            reward=score.reward, metadata=_optional_json_value(score.metadata, "a score's metadata"))
         for score in _SCORES.validate_python(list(scores))
     ]
 
@@ -246,7 +254,7 @@ def group_scores_to_proto(scores: Sequence[Any]) -> list[types_pb2.GroupScore]:
 def _tool_output_to_proto(output: ToolOutput) -> types_pb2.ToolOutput:
     return types_pb2.ToolOutput(
         blocks=blocks_to_proto(output.blocks),
-        metadata=_optional_json_value(output.metadata),
+        metadata=_optional_json_value(output.metadata, "the tool output's metadata"),
         reward=output.reward,
         finished=output.finished,
     )
@@ -269,4 +277,4 @@ def split_to_proto(split: Split | str) -> types_pb2.Split:
 
 
 def task_to_proto(task: Any) -> types_pb2.Task:
-    return types_pb2.Task(spec=json_value(task))
+    return types_pb2.Task(spec=json_value(task, "a task"))

@@ -6,11 +6,16 @@ rich error model (`google.rpc.Status` with an `ErrorInfo`, in
 `grpc-status-details-bin`), both built here in `trailing_metadata`; the HTTP
 bridge turns that status back into an HTTP status and `{"detail": message}`.
 The message reaches clients: never put secrets, request bytes or tracebacks
-in it.
+in it. Every text that leaves as a status, a trailer, an `ErrorInfo` or an
+HTTP `detail` is cut by `bounded_text` to `MAX_ERROR_TEXT_BYTES`, so that a
+status always fits the 8 KiB soft metadata limit of grpc servers and
+clients (an environment's exception message may be megabytes long); where a
+text is cut, the whole (secret-masked) text goes to the log.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping as MappingType, NamedTuple, Optional
 
 import grpc
@@ -18,7 +23,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
+from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, MAX_ERROR_TEXT_BYTES, STATUS_DETAILS_METADATA_KEY
 
 __all__ = [
     "ERROR_DOMAIN",
@@ -28,14 +33,21 @@ __all__ = [
     "RETRY_AFTER_S",
     "Reason",
     "abort",
+    "bounded_text",
     "environment_error",
     "http_status_for",
+    "json_limit",
+    "logged_bounded_text",
     "message_too_large",
     "trailing_metadata",
 ]
 
+logger = logging.getLogger("ors_grpc.errors")
+
 #: `ErrorInfo.domain` of every ORS error.
 ERROR_DOMAIN = "ors.v1"
+#: Largest `ErrorInfo.metadata` value, in UTF-8 bytes (they are facts such as sizes).
+MAX_ERROR_METADATA_BYTES = 128
 
 Reason = errors_pb2.ErrorReason.ValueType
 
@@ -72,6 +84,8 @@ REASONS: dict[int, Mapping] = {
     # which is about the request), and not worth a retry (no 429).
     errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 500),
     errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    # Too deep or NaN (json_text's rules): the client's JSON, as any malformed request.
+    errors_pb2.ERROR_REASON_JSON_LIMIT: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
 }
 
 #: Seconds to wait before retrying, per reason: sent as the `retry-after`
@@ -122,6 +136,33 @@ class ORSError(Exception):
         return errors_pb2.ErrorReason.Name(self.reason)
 
 
+def bounded_text(text: str, limit_bytes: int = MAX_ERROR_TEXT_BYTES) -> str:
+    """`text` if its UTF-8 form fits `limit_bytes`, else its start and a
+    marker with its length, `... [cut: N characters in all]`, within
+    `limit_bytes` in all. Always UTF-8 text (a lone surrogate becomes `?`),
+    so that grpc can send it."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit_bytes:
+        return data.decode("utf-8")
+    marker = f" ... [cut: {len(text)} characters in all]"
+    kept = data[: max(0, limit_bytes - len(marker))].decode("utf-8", errors="ignore")  # a split character dropped
+    return kept + marker
+
+
+def logged_bounded_text(text: str, what: str) -> str:
+    """`bounded_text(text)`, logging the whole text when it is cut (`what`
+    names it; the text must be secret-masked already)."""
+    bounded = bounded_text(text)
+    if bounded != text:
+        logger.info("error_text_cut what=%s length=%d text=%s", what, len(text), text)
+    return bounded
+
+
+def json_limit(exc: ValueError) -> ORSError:
+    """A request's JSON over json_text's rules (`exc` names the field)."""
+    return ORSError(errors_pb2.ERROR_REASON_JSON_LIMIT, str(exc))
+
+
 def environment_error(message: str) -> ORSError:
     """The environment's own code raised (outside a tool): `message` names
     the exception (secrets already masked)."""
@@ -142,14 +183,14 @@ def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
     the whole error as a google.rpc.Status with one ErrorInfo in
     `grpc-status-details-bin`, and `retry-after` when the server is full or the
     environment still starting."""
-    metadata = dict(error.metadata)
+    metadata = {key: bounded_text(value, MAX_ERROR_METADATA_BYTES) for key, value in error.metadata.items()}
     retry_after_s = RETRY_AFTER_S.get(error.reason)
     if retry_after_s is not None:
         metadata["retry_after_s"] = str(retry_after_s)
     info = error_details_pb2.ErrorInfo(reason=error.reason_name, domain=ERROR_DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=error.code.value[0], message=error.message, details=[detail])
+    status = status_pb2.Status(code=error.code.value[0], message=bounded_text(error.message), details=[detail])
     entries: list[tuple[str, str | bytes]] = [
         (ERROR_REASON_METADATA_KEY, error.reason_name),
         (STATUS_DETAILS_METADATA_KEY, status.SerializeToString()),
@@ -160,9 +201,11 @@ def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
-    """End an RPC with `error`: its code and message, and its reason in the
-    trailing metadata (see `trailing_metadata`). Raises, as `context.abort` does."""
-    await context.abort(error.code, error.message, trailing_metadata=trailing_metadata(error))
+    """End an RPC with `error`: its code and message (cut to
+    MAX_ERROR_TEXT_BYTES), and its reason in the trailing metadata (see
+    `trailing_metadata`). Raises, as `context.abort` does."""
+    message = logged_bounded_text(error.message, error.reason_name)
+    await context.abort(error.code, message, trailing_metadata=trailing_metadata(error))
 
 
 def http_status_for(code: grpc.StatusCode, reason_name: str | None) -> int:

@@ -1,16 +1,98 @@
 """User JSON as the protocol carries it (`JsonValue { string json }`): the
-one place JSON text is made, and the canonical form that keys compare by
-(idempotency fingerprints, warm-episode claim keys)."""
+one place JSON text is made and read, its rules, and the canonical form that
+keys compare by (idempotency fingerprints, warm-episode claim keys).
+
+The rules, the same on every door and both ways (`loads` for what arrives,
+`dumps` for what is sent): at most `MAX_JSON_DEPTH` levels of objects and
+arrays, and only numbers JSON can write (RFC 8259: no NaN, no Infinity,
+which Python's json reads and writes by default). A value that breaks one
+raises `JsonLimitError` naming the field and where in it.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import BaseModel
 
-__all__ = ["canonical", "dumps", "jsonable"]
+from ors_grpc.protocol.constants import MAX_JSON_DEPTH
+
+__all__ = ["JsonLimitError", "canonical", "check", "dumps", "jsonable", "loads"]
+
+_TOO_DEEP = f"nested too deeply (a JSON value may nest at most {MAX_JSON_DEPTH} levels of objects and arrays)"
+_NOT_A_NUMBER = "not a JSON number (NaN and Infinity are not JSON, RFC 8259)"
+#: Path segments an error names before it elides the rest (keys cut to KEY_SHOWN characters).
+PATH_SHOWN, KEY_SHOWN = 4, 32
+
+
+class JsonLimitError(ValueError):
+    """A JSON value over the protocol's rules (too deep, or a non-finite
+    number); the message names the field and where in it."""
+
+
+def _children(item: Any) -> Iterator[tuple[Any, Any]]:
+    return iter(item.items()) if isinstance(item, dict) else enumerate(item)
+
+
+def _violation(value: Any, max_depth: int) -> tuple[tuple[Any, ...], str] | None:
+    """The path to the first place over the rules and what is wrong there,
+    or None. Iterative: a value nested 100,000 deep costs no recursion."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 0, ())]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth >= max_depth:
+                return path, _TOO_DEEP
+            stack.extend((child, depth + 1, (*path, key)) for key, child in _children(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            return path, _NOT_A_NUMBER
+    return None
+
+
+def _within_rules(value: Any, max_depth: int) -> bool:
+    """`_violation(...) is None`, without building paths (the common case)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (dict, list, tuple)):
+                if depth + 1 >= max_depth:
+                    return False
+                stack.append((child, depth + 1))
+            elif isinstance(child, float) and not math.isfinite(child):
+                return False
+    return True
+
+
+def _where(field: str, path: tuple[Any, ...]) -> str:
+    shown = "".join(f"[{key}]" if isinstance(key, int) else f".{str(key)[:KEY_SHOWN]}" for key in path[:PATH_SHOWN])
+    return f"{field}{shown}{'...' if len(path) > PATH_SHOWN else ''}"
+
+
+def check(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`value` if it keeps the rules (see the module's doc), else JsonLimitError naming `field`."""
+    if isinstance(value, (dict, list, tuple)):
+        if _within_rules(value, max_depth):
+            return value
+    elif not (isinstance(value, float) and not math.isfinite(value)):
+        return value
+    found = _violation(value, max_depth)
+    assert found is not None
+    path, problem = found
+    raise JsonLimitError(f"{_where(field, path)}: {problem}")
+
+
+def loads(text: str | bytes, field: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON text that must keep the rules: ValueError when it is not
+    JSON, JsonLimitError (a ValueError) when it breaks a rule, naming `field`."""
+    try:
+        value = json.loads(text)
+    except RecursionError:  # deeper than the parser's recursion limit, so far over ours
+        raise JsonLimitError(f"{field}: {_TOO_DEEP}") from None
+    return check(value, field, max_depth)
 
 
 def jsonable(value: Any) -> Any:
@@ -27,10 +109,22 @@ def jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def dumps(value: Any) -> str:
+def dumps(value: Any, field: str = "the value") -> str:
     """Compact JSON text of a user value, lossless for JSON-shaped data
-    (big integers, `1.0` vs `1`, key order and unicode kept)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable)
+    (big integers, `1.0` vs `1`, key order and unicode kept); JsonLimitError
+    naming `field` when it breaks a rule (NaN is refused by the encoder, the
+    depth checked on what it writes)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False)
+    except RecursionError:
+        raise JsonLimitError(f"{field}: {_TOO_DEEP}") from None
+    except ValueError as exc:
+        if "JSON compliant" not in str(exc):  # the encoder's words for NaN and Infinity
+            raise
+        raise JsonLimitError(f"{field}: not a JSON number (NaN and Infinity are not JSON, RFC 8259)") from None
+    if len(text) > 2 * MAX_JSON_DEPTH:  # a shorter text cannot nest that deep
+        check(value, field)  # (pydantic models inside count as one level)
+    return text
 
 
 def canonical(value: Any) -> str:

@@ -307,23 +307,24 @@ BODY_ROUTES = [
     "/echoenv/task_range", "/echoenv/get_task_range", "/create", "/echoenv/call",
 ]
 MALFORMED = [
-    (b"{not json", "not valid JSON"),
-    (b"", "required"),
-    (b"[1, 2]", "must be a JSON object"),
-    (b'"text"', "must be a JSON object"),
-    (b"\xff\xfe", "not valid JSON"),
-    (b'{"split": 5, "index": "x", "start": [], "name": 1, "input": 2, "task_spec": 3}', ":"),
-    (b"[" * 100_000, "JSON"),
+    (b"{not json", "not valid JSON", 422),
+    (b"", "required", 422),
+    (b"[1, 2]", "must be a JSON object", 422),
+    (b'"text"', "must be a JSON object", 422),
+    (b"\xff\xfe", "not valid JSON", 422),
+    (b'{"split": 5, "index": "x", "start": [], "name": 1, "input": 2, "task_spec": 3}', ":", 422),
+    # Over the JSON depth limit: 400, as gRPC's ERROR_REASON_JSON_LIMIT.
+    (b"[" * 100_000, "JSON value may nest at most", 400),
 ]
 
 
 @pytest.mark.parametrize("path", BODY_ROUTES)
 async def test_malformed_bodies_are_4xx_with_a_detail(http: aiohttp.ClientSession, path: str) -> None:
     sid = await create_episode(http, {"split": "train", "index": 0})
-    for body, expected in MALFORMED:
+    for body, expected, status in MALFORMED:
         headers = {"X-Session-ID": sid, "Content-Type": "application/json"}
         async with http.post(path, data=body, headers=headers) as response:
-            assert response.status == 422, (path, body[:20])
+            assert response.status == status, (path, body[:20])
             assert expected in (await response.json())["detail"]
 
 

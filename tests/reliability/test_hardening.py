@@ -20,13 +20,12 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import json
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import grpc
 import pytest
@@ -39,8 +38,7 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
 from ors_grpc.protocol.errors import ERROR_DOMAIN
 from tests.support.reliability_environments import SECRET_NAME
-from tests.support.reliability_helpers import PROBE_ENVIRONMENTS
-from tests.support.servers import run_cli_logging_to
+from tests.support.reliability_helpers import PROBE_ENVIRONMENTS, Door, Doors, both_doors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,40 +51,9 @@ SECRET = "s3cr3t-7c1f-hardening-never-logged"
 DEFAULT_LIMIT = 32 * 1024 * 1024
 
 
-class Door(NamedTuple):
-    """One HTTP door and the log of the process behind it."""
-
-    name: str
-    http_url: str
-    log: Path
-
-
-class Doors(NamedTuple):
-    grpc_target: str
-    http: list[Door]
-
-
-@contextlib.contextmanager
-def both_doors(folder: Path, *options: str, bridge_options: tuple[str, ...] = ()) -> Iterator[Doors]:
-    """`ors-grpc serve` of ENVIRONMENTS with `--http-port`, and `ors-grpc
-    bridge` onto its gRPC port; `options` go to both (HTTP limits), and
-    `bridge_options` to the bridge only."""
-    with run_cli_logging_to(folder / "serve.log", "serve", *ENVIRONMENTS, "--port", "0", "--http-port", "0",
-                            *options) as serve_doors:
-        http_options = [option for option in options if option.startswith("--http")]
-        values = [value for option, value in zip(options, options[1:]) if option.startswith("--http")]
-        bridge_arguments = [item for pair in zip(http_options, values) for item in pair]
-        with run_cli_logging_to(folder / "bridge.log", "bridge", "--backend", serve_doors["gRPC"], "--http-port", "0",
-                                *bridge_arguments, *bridge_options) as bridge_doors:
-            yield Doors(serve_doors["gRPC"], [
-                Door("serve --http-port", f"http://{serve_doors['HTTP']}", folder / "serve.log"),
-                Door("ors-grpc bridge", f"http://{bridge_doors['HTTP']}", folder / "bridge.log"),
-            ])
-
-
 @pytest.fixture(scope="module")
 def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
-    with both_doors(tmp_path_factory.mktemp("doors")) as running:
+    with both_doors(tmp_path_factory.mktemp("doors"), ENVIRONMENTS) as running:
         yield running
 
 
@@ -261,7 +228,7 @@ def test_x_secrets_of_60_kib_is_accepted_and_a_secret_sent_every_way_is_never_lo
     assert len(big) > 64 * 1024
     small = _secrets_header({SECRET_NAME: SECRET})
     told: list[str] = []
-    with both_doors(tmp_path) as running:
+    with both_doors(tmp_path, ENVIRONMENTS) as running:
         for door in running.http:
             ways = [({"X-Secrets": small}, {}), ({"X-Secrets": big}, {}), ({}, {"secrets": {SECRET_NAME: SECRET}})]
             for number, (headers, body_secrets) in enumerate(ways):
@@ -325,7 +292,7 @@ def _closed_after(sock: socket.socket) -> tuple[float, bytes]:
 
 
 def test_stalled_connections_are_closed_within_the_timeouts_and_health_keeps_answering(tmp_path: Path) -> None:
-    with both_doors(tmp_path, "--http-header-timeout", "2", "--http-body-timeout", "2") as running:
+    with both_doors(tmp_path, ENVIRONMENTS, "--http-header-timeout", "2", "--http-body-timeout", "2") as running:
         for door in running.http:
             heads = [_stall(door.http_url, b"POST /create HTTP/1.1\r\nHost: x\r\nX-Sess") for _ in range(STALLED)]
             bodies = [_stall(door.http_url, b"POST /create HTTP/1.1\r\nHost: x\r\nX-Session-ID: s\r\n"
@@ -351,7 +318,7 @@ def test_stalled_connections_are_closed_within_the_timeouts_and_health_keeps_ans
 
 def test_connections_over_the_cap_are_answered_503_and_health_answers_after(tmp_path: Path) -> None:
     cap = 10
-    with both_doors(tmp_path, "--http-max-connections", str(cap)) as running:
+    with both_doors(tmp_path, ENVIRONMENTS, "--http-max-connections", str(cap)) as running:
         for door in running.http:
             held = [_stall(door.http_url, b"") for _ in range(cap)]
             time.sleep(0.5)  # accepted by the server
@@ -424,7 +391,7 @@ def test_a_34_mb_result_fails_the_same_on_both_doors_under_the_default_limit(doo
 
 def test_a_34_mb_result_is_delivered_the_same_on_both_doors_with_a_raised_limit(tmp_path: Path) -> None:
     limit = str(64 * 1024 * 1024)
-    with both_doors(tmp_path, "--max-message-bytes", limit, bridge_options=("--max-message-bytes", limit)) as running:
+    with both_doors(tmp_path, ENVIRONMENTS, "--max-message-bytes", limit, bridge_options=("--max-message-bytes", limit)) as running:
         sizes = []
         for door in running.http:
             status, body, events = _call_for_a_34_mb_result(door)

@@ -164,3 +164,33 @@ class ScoringProbeEnv(ProbeEnv):
         run = self._count("score_group")
         await asyncio.sleep(max(((c.metadata or {}).get("seconds", 0) for c in candidates), default=0))
         return [float(run)] * len(candidates)
+
+
+class LengthInput(BaseModel):
+    length: int
+
+
+class LimitsEnv(ScoringProbeEnv):
+    """For the protocol's limits: the task spec's `fail` ("prompt" or
+    "setup") makes that raise an error message of `length` characters, and
+    `hang` makes setup never end (until cancelled); its `long_failure` tool
+    raises a message of the given length."""
+
+    def _long_message(self, letter: str) -> str:
+        return letter * int(self.task_spec.get("length", 1))
+
+    async def setup(self) -> None:
+        if self.task_spec.get("fail") == "setup":
+            raise RuntimeError(self._long_message("s"))
+        if self.task_spec.get("hang"):
+            await asyncio.Event().wait()
+
+    def get_prompt(self) -> list[TextBlock]:
+        if self.task_spec.get("fail") == "prompt":
+            raise RuntimeError(self._long_message("p"))
+        return super().get_prompt()
+
+    @tool
+    def long_failure(self, params: LengthInput) -> ToolOutput:
+        """Raises an error message of `length` characters."""
+        raise RuntimeError("t" * params.length)

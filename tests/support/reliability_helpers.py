@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, NamedTuple, Sequence
 
 import aiohttp
 import grpc
@@ -16,7 +16,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.support.bridge_http import read_sse
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
-from tests.support.servers import ServeProcess, start_serve
+from tests.support.servers import ServeProcess, run_cli_logging_to, start_serve
 
 PROBE_ENVIRONMENTS = (
     "tests.support.reliability_environments:ProbeEnv",
@@ -53,6 +53,42 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s:
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+class Door(NamedTuple):
+    """One HTTP door, the log of the process behind it and its process id."""
+
+    name: str
+    http_url: str
+    log: Path
+    pid: int
+
+
+class Doors(NamedTuple):
+    grpc_target: str
+    http: list[Door]
+
+
+@contextlib.contextmanager
+def both_doors(folder: Path, environments: Sequence[str], *options: str,
+               bridge_options: tuple[str, ...] = ()) -> Iterator[Doors]:
+    """`ors-grpc serve` of `environments` with `--http-port`, and `ors-grpc
+    bridge` onto its gRPC port, both logging at DEBUG into `folder`;
+    `options` go to the server and its `--http...` ones to the bridge too
+    (HTTP limits), `bridge_options` to the bridge only."""
+    with run_cli_logging_to(folder / "serve.log", "serve", *environments, "--port", "0", "--http-port", "0",
+                            *options) as serve_doors:
+        http_options = [option for option in options if option.startswith("--http")]
+        values = [value for option, value in zip(options, options[1:]) if option.startswith("--http")]
+        bridge_arguments = [item for pair in zip(http_options, values) for item in pair]
+        with run_cli_logging_to(folder / "bridge.log", "bridge", "--backend", serve_doors["gRPC"], "--http-port", "0",
+                                *bridge_arguments, *bridge_options) as bridge_doors:
+            yield Doors(serve_doors["gRPC"], [
+                Door("serve --http-port", f"http://{serve_doors['HTTP']}", folder / "serve.log",
+                     int(serve_doors["pid"])),
+                Door("ors-grpc bridge", f"http://{bridge_doors['HTTP']}", folder / "bridge.log",
+                     int(bridge_doors["pid"])),
+            ])
 
 
 # HTTP -------------------------------------------------------------------------

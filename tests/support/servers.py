@@ -123,14 +123,15 @@ def start_bridge(backend_target: str, *args: str, env: Mapping[str, str] | None 
 def run_cli_logging_to(log: Path, *arguments: str) -> Iterator[dict[str, str]]:
     """`python -m ors_grpc.cli --log-level DEBUG ARGUMENTS`, stdout and stderr both in `log` (for
     tests that read what it logs). Yields the doors it announced, {"gRPC": "host:port", "HTTP":
-    "host:port"}, once it listens on all of them (two for `serve --http-port`, else one)."""
+    "host:port"}, once it listens on all of them (two for `serve --http-port`, else one), and
+    the process id as "pid"."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as output:
         proc = subprocess.Popen([sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", *arguments],
                                 cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
     try:
         wanted = 2 if arguments[0] == "serve" and "--http-port" in arguments else 1
-        yield _logged_doors(proc, log, arguments[0], wanted)
+        yield {**_logged_doors(proc, log, arguments[0], wanted), "pid": str(proc.pid)}
     finally:
         stop_process(proc)
 

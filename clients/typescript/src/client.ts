@@ -73,6 +73,13 @@ export interface Prepared {
   ttlSeconds: number;
 }
 
+/** The tasks of a PrepareEpisodes or CancelPreparedEpisodes request: task specs, or indices of a split. */
+function taskSelection(tasks: JsonObject[] | { split: string; indices: number[] }) {
+  return Array.isArray(tasks)
+    ? { taskSpecs: tasks.map(jsonValue) }
+    : { split: tasks.split, indices: tasks.indices.map((index) => BigInt(index)) };
+}
+
 /** Discovery and episodes of one environment. */
 export class Environment {
   /** Use `ORSClient.environment`. */
@@ -129,12 +136,27 @@ export class Environment {
    * the server keeps one unclaimed once its setup ended.
    */
   async prepare(tasks: JsonObject[] | { split: string; indices: number[] }, options: PrepareOptions = {}): Promise<Prepared> {
-    const which = Array.isArray(tasks)
-      ? { taskSpecs: tasks.map(jsonValue) }
-      : { split: tasks.split, indices: tasks.indices.map((index) => BigInt(index)) };
-    const request = { envName: this.name, ...which, secrets: options.secrets ?? {} };
+    const request = { envName: this.name, ...taskSelection(tasks), secrets: options.secrets ?? {} };
     const { preparing, ttlSeconds } = await rpc(this.service.prepareEpisodes(request));
     return { preparing: Number(preparing), ttlSeconds };
+  }
+
+  /**
+   * Cancels episodes `prepare` set up that are not claimed yet
+   * (CancelPreparedEpisodes): their setup is cancelled, `teardown()` runs and
+   * each frees its place in the server's session limit. Only episodes
+   * prepared with exactly these `secrets` (and API key) are cancelled: one of
+   * each entry of `tasks`, or every one of this environment when `tasks` is
+   * omitted. Resolves to how many were cancelled.
+   */
+  async cancelPrepared(
+    tasks?: JsonObject[] | { split: string; indices: number[] },
+    options: PrepareOptions = {},
+  ): Promise<number> {
+    const which = tasks === undefined ? {} : taskSelection(tasks);
+    const request = { envName: this.name, ...which, secrets: options.secrets ?? {} };
+    const { cancelled } = await rpc(this.service.cancelPreparedEpisodes(request));
+    return Number(cancelled);
   }
 
   /**

@@ -120,6 +120,15 @@ class ErrorReason(betterproto.Enum):
      entry says after how many seconds). UNAVAILABLE.
     """
 
+    JSON_LIMIT = 18
+    """
+    A JSON value of the request (a task spec, a tool's input, a message's
+     `detail`, a candidate's `metadata`, ...) breaks the protocol's JSON
+     rules: nested deeper than 128 levels (objects and arrays), or holding a
+     number JSON cannot write (NaN, Infinity, or one that overflows a double;
+     RFC 8259). The message names the field. INVALID_ARGUMENT (HTTP 400).
+    """
+
     ENVIRONMENT_ERROR = 20
     """
     The environment's own code raised outside a tool (for example
@@ -1132,6 +1141,54 @@ class PrepareEpisodesResponse(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class CancelPreparedEpisodesRequest(betterproto.Message):
+    """
+    Request of CancelPreparedEpisodes. Give the tasks as in PrepareEpisodes
+     (`task_specs`, or `split` and `indices`), or none for every held episode of
+     the environment.
+    """
+
+    env_name: str = betterproto.string_field(1)
+    """
+    The environment's name (case-insensitive); empty means the default (the
+     first registered) environment.
+    """
+
+    task_specs: List["JsonValue"] = betterproto.message_field(2)
+    """
+    The tasks, as task specs (JSON objects): one held episode of each is cancelled.
+    """
+
+    split: str = betterproto.string_field(3)
+    """The split of `indices`."""
+
+    indices: List[int] = betterproto.int64_field(4)
+    """
+    The tasks, as indices in `split`: one held episode of each is cancelled.
+    """
+
+    secrets: Dict[str, str] = betterproto.map_field(
+        5, betterproto.TYPE_STRING, betterproto.TYPE_STRING
+    )
+    """
+    The secrets the episodes were prepared with (name to value); only
+     episodes prepared with exactly these are cancelled. Never logged,
+     echoed or persisted.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class CancelPreparedEpisodesResponse(betterproto.Message):
+    """Response of CancelPreparedEpisodes."""
+
+    cancelled: int = betterproto.int64_field(1)
+    """
+    How many held episodes this request cancelled (a task with none held
+     cancels nothing).
+    """
+
+
+@dataclass(eq=False, repr=False)
 class GetMessagesRequest(betterproto.Message):
     """Request of GetMessages."""
 
@@ -1594,6 +1651,23 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def cancel_prepared_episodes(
+        self,
+        cancel_prepared_episodes_request: "CancelPreparedEpisodesRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "CancelPreparedEpisodesResponse":
+        return await self._unary_unary(
+            "/ors.v1.EnvironmentService/CancelPreparedEpisodes",
+            cancel_prepared_episodes_request,
+            CancelPreparedEpisodesResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -1695,6 +1769,11 @@ class EnvironmentServiceBase(ServiceBase):
     async def prepare_episodes(
         self, prepare_episodes_request: "PrepareEpisodesRequest"
     ) -> "PrepareEpisodesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def cancel_prepared_episodes(
+        self, cancel_prepared_episodes_request: "CancelPreparedEpisodesRequest"
+    ) -> "CancelPreparedEpisodesResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_health(
@@ -1860,6 +1939,14 @@ class EnvironmentServiceBase(ServiceBase):
         response = await self.prepare_episodes(request)
         await stream.send_message(response)
 
+    async def __rpc_cancel_prepared_episodes(
+        self,
+        stream: "grpclib.server.Stream[CancelPreparedEpisodesRequest, CancelPreparedEpisodesResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.cancel_prepared_episodes(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -1987,5 +2074,11 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 PrepareEpisodesRequest,
                 PrepareEpisodesResponse,
+            ),
+            "/ors.v1.EnvironmentService/CancelPreparedEpisodes": grpclib.const.Handler(
+                self.__rpc_cancel_prepared_episodes,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CancelPreparedEpisodesRequest,
+                CancelPreparedEpisodesResponse,
             ),
         }

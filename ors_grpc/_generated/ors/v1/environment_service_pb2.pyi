@@ -361,6 +361,33 @@ class PrepareEpisodesResponse(_message.Message):
     ttl_seconds: float
     def __init__(self, preparing: _Optional[int] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
 
+class CancelPreparedEpisodesRequest(_message.Message):
+    __slots__ = ("env_name", "task_specs", "split", "indices", "secrets")
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_SPECS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    env_name: str
+    task_specs: _containers.RepeatedCompositeFieldContainer[_types_pb2.JsonValue]
+    split: str
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, env_name: _Optional[str] = ..., task_specs: _Optional[_Iterable[_Union[_types_pb2.JsonValue, _Mapping]]] = ..., split: _Optional[str] = ..., indices: _Optional[_Iterable[int]] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CancelPreparedEpisodesResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: int
+    def __init__(self, cancelled: _Optional[int] = ...) -> None: ...
+
 class GetMessagesRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

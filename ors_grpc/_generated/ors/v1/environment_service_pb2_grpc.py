@@ -168,6 +168,11 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesResponse.FromString,
                 _registered_method=True)
+        self.CancelPreparedEpisodes = channel.unary_unary(
+                '/ors.v1.EnvironmentService/CancelPreparedEpisodes',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -398,7 +403,22 @@ class EnvironmentServiceServicer:
         normal setup is. Prepared episodes count toward the server's session
         limit (TOO_MANY_SESSIONS when they do not all fit: none is prepared
         then); one not claimed within the server's warm TTL after its setup
-        ended is torn down with `teardown()`.
+        ended is torn down with `teardown()`, and one whose setup has not ended
+        within the server's warm setup timeout after the prepare is cancelled
+        and torn down. Either frees its place in the session limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelPreparedEpisodes(self, request, context):
+        """Cancels episodes prepared ahead that are not claimed yet (an extension
+        of ORS), ready or still setting up: a running setup is cancelled, the
+        episode torn down with `teardown()`, and its place in the server's
+        session limit freed. Only episodes prepared with exactly the request's
+        secrets and `x-api-key` metadata are cancelled. Each given task cancels
+        one held episode of it (repeat a task to cancel several); with no task
+        given, every held episode of the environment is cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -511,6 +531,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.PrepareEpisodes,
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesResponse.SerializeToString,
+            ),
+            'CancelPreparedEpisodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelPreparedEpisodes,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1108,6 +1133,33 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/PrepareEpisodes',
             ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.PrepareEpisodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelPreparedEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/CancelPreparedEpisodes',
+            ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesResponse.FromString,
             options,
             channel_credentials,
             insecure,
