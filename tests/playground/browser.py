@@ -33,7 +33,7 @@ LOCAL_SCHEMES = ("data", "chrome")
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
     "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1280,1400", f"--proxy-server={NO_PROXY_THERE}",
+    "--window-size=1400,1300", f"--proxy-server={NO_PROXY_THERE}",
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 )
 
