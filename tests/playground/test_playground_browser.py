@@ -269,3 +269,28 @@ def test_docs_renders_swagger_ui_offline(browser: Browser) -> None:
     assert len(browser.find_all(".opblock")) == len(OPERATIONS)
     assert "Open Reward Standard (ORS) HTTP API" in browser.text(".info .title")
     browser.assert_clean()
+
+
+def test_a_pasted_task_spec_and_its_snippets(browser: Browser, server: ServeProcess) -> None:
+    connect(browser)
+    browser.find("#source-spec").click()
+    browser.find("#task-spec").send_keys('{"id": 9, "question": "What is 2 + 2?", "answer": 4}')
+    start_episode(browser, "submit")
+    browser.wait_for_text("#prompt", "What is 2 + 2?")
+    call(browser, "submit", answer="4")
+    assert browser.text("#total-reward") == "1.0"
+
+    snippets = {}
+    for kind in ("Python (ors.client)", "Python (ors_grpc.client)"):
+        Select(browser.find("#snippet-kind")).select_by_visible_text(kind)
+        snippets[kind] = browser.text("#snippet")
+    # The gRPC client's snippet names the default gRPC port: point it at this server's.
+    assert server.grpc_target is not None
+    snippets["Python (ors_grpc.client)"] = snippets["Python (ors_grpc.client)"].replace(
+        '"127.0.0.1:50051"', f'"{server.grpc_target}"')
+    for kind, program in snippets.items():
+        assert '"question": "What is 2 + 2?"' in program, kind
+        run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert run.returncode == 0, (kind, run.stderr)
+        assert run.stdout.strip().endswith("1.0 True"), (kind, run.stdout)
+    browser.assert_clean()
