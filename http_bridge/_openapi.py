@@ -210,7 +210,8 @@ SCHEMAS: dict[str, Any] = {
             "prepared_episodes": {"type": "integer", "description": "Warm episodes not yet claimed."},
             "tool_calls_in_flight": {"type": "integer"},
             "tool_calls_per_second": {"type": "number", "description": "Calls that ended in the window, per second."},
-            "call_latency_p50_ms": {"type": ["number", "null"], "description": "null when no call ended in the window."},
+            "call_latency_p50_ms": {"type": ["number", "null"],
+                                    "description": "null when no call ended in the window."},
             "call_latency_p99_ms": {"type": ["number", "null"]},
             "recent_errors": {
                 "type": "array", "description": "The last errors of the environment's code, newest first.",
@@ -404,7 +405,8 @@ answered `308 Permanent Redirect` to `/{first environment}{path}` (query kept), 
 accepted as a session id. Sessions expire after 15 minutes without a session call or `/ping`.
 
 **Auth**: when the server is given an API key, every route but `/health`, `/openapi.json` and the pages
-(`/docs`, the playground at `/`, and their files) needs it in `X-API-Key` (or `Authorization: Bearer`); 401 otherwise. Without a key nothing is checked.
+(`/docs`, the playground at `/`, and their files) needs it in `X-API-Key` (or `Authorization: Bearer`);
+401 otherwise. Without a key nothing is checked.
 
 **Tracing**: a W3C `traceparent` header continues into the server's OpenTelemetry spans when tracing is on."""
 

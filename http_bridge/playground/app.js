@@ -231,7 +231,8 @@ function toolCard(name, description, schema, terminal) {
 function transcriptEntry(title, input) {
   const entry = el(
     "li", { class: "call-entry", dataset: { state: "running" } },
-    el("div", { class: "call-head" }, el("code", { class: "call-name" }, title), " ", el("span", { class: "task-id" }, "waiting for the task id")),
+    el("div", { class: "call-head" },
+      el("code", { class: "call-name" }, title), " ", el("span", { class: "task-id" }, "waiting for the task id")),
     el("pre", { class: "call-input" }, pretty(input)),
     el("div", { class: "call-result" }, "running…"),
   );
@@ -256,7 +257,8 @@ async function callTool(name, input) {
       onTaskId: (taskId) => { entry.querySelector(".task-id").textContent = `task ${taskId}`; },
     });
     if (!result.ok) {
-      settle(entry, "refused", el("div", { class: "refusal" }, `refused${result.reason ? ` (${result.reason})` : ""}: ${result.error}`));
+      const reason = result.reason ? ` (${result.reason})` : "";
+      settle(entry, "refused", el("div", { class: "refusal" }, `refused${reason}: ${result.error}`));
       return;
     }
     const { output } = result;

@@ -61,7 +61,9 @@ function openreward({ origin, env, task, call, usesKey, secretNames, toolset }) 
     secretNames.length ? `secrets=${pythonSecrets(secretNames)}` : null,
     toolset ? `toolset=${python(toolset)}` : null,
   ].filter(Boolean).join(", ");
-  const imports = task.spec ? "from openreward import EnvironmentsAPI\nfrom openreward.api.environments.types import Task" : "from openreward import EnvironmentsAPI";
+  const imports = task.spec
+    ? "from openreward import EnvironmentsAPI\nfrom openreward.api.environments.types import Task"
+    : "from openreward import EnvironmentsAPI";
   return `import os
 
 ${imports}

@@ -59,16 +59,16 @@ async def test_tool_calls_give_a_rate_and_latencies(stub) -> None:
 
 async def test_a_call_in_flight_is_counted_while_it_runs(stub) -> None:
     sid = await create_episode(stub)
-    running = asyncio.ensure_future(call_tool(stub, sid, "sleep", {"seconds": 0.5}))
+    running = asyncio.ensure_future(call_tool(stub, sid, "sleep", {"seconds": 2}))
+    seen_in_flight = 0
     try:
-        for _ in range(200):
-            echo = by_name(await stub.GetServerStats(pb.GetServerStatsRequest()))["echoenv"]
-            if echo.tool_calls_in_flight:
-                break
+        while not running.done() and not seen_in_flight:
+            stats = by_name(await stub.GetServerStats(pb.GetServerStatsRequest()))["echoenv"]
+            seen_in_flight = stats.tool_calls_in_flight
             await asyncio.sleep(0.01)
-        assert echo.tool_calls_in_flight == 1
     finally:
         await running
+    assert seen_in_flight == 1
     assert by_name(await stub.GetServerStats(pb.GetServerStatsRequest()))["echoenv"].tool_calls_in_flight == 0
 
 
