@@ -733,3 +733,30 @@ def score_group_result_json(result: service_pb2.ScoreGroupResult) -> str:
             ]
         }
     )
+
+
+def _optional_number(message: Any, field: str) -> Optional[float]:
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def server_stats_json(response: service_pb2.GetServerStatsResponse) -> dict[str, Any]:
+    """`/server_stats`: GetServerStats as JSON (an absent latency is null)."""
+    return {
+        "environments": [
+            {
+                "env_name": stats.env_name,
+                "open_sessions": stats.open_sessions,
+                "prepared_episodes": stats.prepared_episodes,
+                "tool_calls_in_flight": stats.tool_calls_in_flight,
+                "tool_calls_per_second": stats.tool_calls_per_second,
+                "call_latency_p50_ms": _optional_number(stats, "call_latency_p50_ms"),
+                "call_latency_p99_ms": _optional_number(stats, "call_latency_p99_ms"),
+                "recent_errors": [
+                    {"time_unix_ms": error.time_unix_ms, "source": error.source, "message": error.message}
+                    for error in stats.recent_errors
+                ],
+            }
+            for stats in response.environments
+        ],
+        "window_seconds": response.window_seconds,
+    }

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description of the ORS HTTP API as this bridge serves it: `/openapi.json`, `/docs`.
+"""The OpenAPI 3.1 description of the ORS HTTP API as this bridge serves it: `/openapi.json`.
 
 One place to keep in sync with the routes in `app.py`: the `OPERATIONS`
 table below (`tests/bridge/test_openapi.py` fails when a served route is not
@@ -7,17 +7,14 @@ written here: they come from the pydantic models that validate the bodies
 (`_convert.SplitBody`, ...), so they cannot drift. Response schemas are the
 ORS data types as the reference server writes them.
 
-Both routes answer without an API key and without asking the backend, as
-the reference (FastAPI) serves them: the document describes the API, it
-holds no data. `/docs` is Swagger UI loaded from a CDN by the browser, as
-FastAPI's; the page also carries a plain route list rendered here, shown
-when the script cannot load (offline, or a strict network).
+`/openapi.json` answers without an API key and without asking the backend,
+as the reference (FastAPI) serves it: the document describes the API, it
+holds no data. The pages (`/docs`, the playground at `/`) are `_static`'s.
 """
 
 from __future__ import annotations
 
 import functools
-import html
 import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -29,10 +26,6 @@ from ors_grpc._version import __version__
 from . import _convert as convert
 
 __all__ = ["OPERATIONS", "Operation", "openapi_document", "routes"]
-
-#: Swagger UI's files, as FastAPI's `/docs` loads them (major version 5).
-SWAGGER_UI_JS = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"
-SWAGGER_UI_CSS = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"
 
 SSE_GRAMMAR = """\
 Server-Sent Events, one event per `event: NAME` line, one or more `data: ...` lines
@@ -198,6 +191,41 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"task": _ref("Task"), "env_name": {"type": "string"}},
     },
     "NumTasks": {"type": "object", "required": ["num_tasks"], "properties": {"num_tasks": {"type": "integer"}}},
+    "ServerStats": {
+        "type": "object",
+        "required": ["environments", "window_seconds"],
+        "properties": {
+            "environments": {"type": "array", "items": _ref("EnvironmentStats"),
+                             "description": "One per hosted environment, in `/list_environments` order."},
+            "window_seconds": {"type": "number", "description": "How far back rates and latencies look."},
+        },
+    },
+    "EnvironmentStats": {
+        "type": "object",
+        "required": ["env_name", "open_sessions", "prepared_episodes", "tool_calls_in_flight",
+                     "tool_calls_per_second", "call_latency_p50_ms", "call_latency_p99_ms", "recent_errors"],
+        "properties": {
+            "env_name": {"type": "string"},
+            "open_sessions": {"type": "integer", "description": "Episodes with a session now."},
+            "prepared_episodes": {"type": "integer", "description": "Warm episodes not yet claimed."},
+            "tool_calls_in_flight": {"type": "integer"},
+            "tool_calls_per_second": {"type": "number", "description": "Calls that ended in the window, per second."},
+            "call_latency_p50_ms": {"type": ["number", "null"],
+                                    "description": "null when no call ended in the window."},
+            "call_latency_p99_ms": {"type": ["number", "null"]},
+            "recent_errors": {
+                "type": "array", "description": "The last errors of the environment's code, newest first.",
+                "items": {
+                    "type": "object", "required": ["time_unix_ms", "source", "message"],
+                    "properties": {
+                        "time_unix_ms": {"type": "integer"},
+                        "source": {"type": "string", "description": "`setup`, or `tool NAME`."},
+                        "message": {"type": "string", "description": "As the client was told it (secrets masked)."},
+                    },
+                },
+            },
+        },
+    },
     "Preparing": {
         "type": "object",
         "required": ["preparing", "ttl_seconds"],
@@ -248,10 +276,14 @@ class Operation:
     sse: bool = False
     #: Served by the bridge itself: no API key, no backend call.
     public: bool = False
+    #: The media types of a non-JSON answer (a page, its files).
+    files: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 _SESSION_ERRORS = (400, 404, 410, 500, 503)
+_FILE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
+              "description": "The file's name."}
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/health", "health", "Liveness of the bridge and its backend", "discovery", "Status",
@@ -340,9 +372,22 @@ OPERATIONS: tuple[Operation, ...] = (
                           "`--max-sessions`."),
     Operation("get", "/openapi.json", "openapi", "This document", "meta", {"type": "object"}, public=True,
               description="Needs no API key, as in the reference server."),
-    Operation("get", "/docs", "docs", "Swagger UI for this document", "meta", public=True,
-              description="Needs no API key. Swagger UI comes from a CDN (as FastAPI's `/docs`); the page "
-                          "lists the routes without it."),
+    Operation("get", "/server_stats", "server_stats", "Extension: the server's counters per environment",
+              "extensions", "ServerStats",
+              description="Not in ORS; read-only. Open sessions, prepared episodes, tool calls in flight, tool "
+                          "calls per second and their p50/p99 latency over the last `window_seconds`, and the "
+                          "last errors of the environment's code, as the gRPC backend counts them "
+                          "(`GetServerStats`). The playground's live view polls it."),
+    Operation("get", "/docs", "docs", "Swagger UI for this document", "meta", public=True, files=("text/html",),
+              description="Needs no API key. Every file is served by the bridge (no CDN): it works offline."),
+    Operation("get", "/docs/{name}", "docs_file", "A file of Swagger UI", "meta", public=True,
+              files=("text/javascript", "text/css"), errors=(404,), extra={"parameters": [_FILE_NAME]}),
+    Operation("get", "/", "playground", "The playground: play an environment in a browser", "meta", public=True,
+              files=("text/html",),
+              description="Needs no API key (the page asks for it when the server has one, and keeps it in "
+                          "memory). It uses only the routes of this document."),
+    Operation("get", "/playground/{name}", "playground_file", "A file of the playground", "meta", public=True,
+              files=("text/javascript", "text/css"), errors=(404,), extra={"parameters": [_FILE_NAME]}),
 )
 
 
@@ -353,7 +398,7 @@ OPERATIONS: tuple[Operation, ...] = (
 _STATUS_TEXT = {
     400: "Bad request (see `detail`)",
     401: "Missing or wrong API key (when the server requires one)",
-    404: "Unknown environment, or no active episode for the session",
+    404: "Unknown environment, or no active episode for the session (or no such file)",
     410: "The session was deleted while the call waited for setup",
     413: "Request body over the size limit",
     422: "The body is not JSON, or not of the expected shape; `detail` names the field",
@@ -373,8 +418,9 @@ answered `308 Permanent Redirect` to `/{first environment}{path}` (query kept), 
 **Sessions**: session-scoped routes need the `X-Session-ID` header (400 without it); any string is
 accepted as a session id. Sessions expire after 15 minutes without a session call or `/ping`.
 
-**Auth**: when the server is given an API key, every route but `/health`, `/openapi.json` and `/docs`
-needs it in `X-API-Key` (or `Authorization: Bearer`); 401 otherwise. Without a key nothing is checked.
+**Auth**: when the server is given an API key, every route but `/health`, `/openapi.json` and the pages
+(`/docs`, the playground at `/`, and their files) needs it in `X-API-Key` (or `Authorization: Bearer`);
+401 otherwise. Without a key nothing is checked.
 
 **Tracing**: a W3C `traceparent` header continues into the server's OpenTelemetry spans when tracing is on."""
 
@@ -418,8 +464,9 @@ def _task_stream_response(op: Operation) -> dict[str, Any]:
 
 
 def _ok_response(op: Operation) -> dict[str, Any]:
-    if op.path == "/docs":
-        return {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    if op.files:
+        return {"description": "A page or a file of one",
+                "content": {media_type: {"schema": {"type": "string"}} for media_type in op.files}}
     if op.path in TASK_STREAMS:
         return _task_stream_response(op)
     content: dict[str, Any] = {"application/json": {"schema": _schema(op.response)}}
@@ -491,7 +538,8 @@ def openapi_document() -> dict[str, Any]:
             {"name": "discovery", "description": "No session needed (an `X-Session-ID` header is tolerated)."},
             {"name": "sessions", "description": "Session ids and episodes."},
             {"name": "episode", "description": "Calls within an episode; they wait for setup."},
-            {"name": "meta", "description": "This description."},
+            {"name": "extensions", "description": "Not in ORS: additions of this server."},
+            {"name": "meta", "description": "This description, and the pages the bridge serves."},
         ],
         "paths": paths,
         "components": {
@@ -533,56 +581,6 @@ async def openapi_json(request: web.Request) -> web.Response:
     return web.Response(text=_document_text(), content_type="application/json")
 
 
-def _route_list() -> str:
-    rows = "".join(
-        f"<tr><td><code>{op.method.upper()}</code></td><td><code>{html.escape(op.path)}</code></td>"
-        f"<td>{html.escape(op.summary)}</td></tr>"
-        for op in OPERATIONS
-    )
-    return f"<table><tr><th>method</th><th>path</th><th>what</th></tr>{rows}</table>"
-
-
-@functools.lru_cache(maxsize=1)
-def _docs_page() -> str:
-    title = html.escape(openapi_document()["info"]["title"])
-    return f"""<!DOCTYPE html>
-<html>
-<head>
-<meta charset="utf-8">
-<title>{title} - Swagger UI</title>
-<link type="text/css" rel="stylesheet" href="{SWAGGER_UI_CSS}">
-</head>
-<body>
-<div id="swagger-ui"></div>
-<div id="ors-routes">
-<h1>{title}</h1>
-<p>The full description is <a href="openapi.json">openapi.json</a> (OpenAPI 3.1).
-Swagger UI, loaded from a CDN, shows it here when the browser can reach the CDN.</p>
-{_route_list()}
-</div>
-<script src="{SWAGGER_UI_JS}"></script>
-<script>
-if (window.SwaggerUIBundle) {{
-  document.getElementById("ors-routes").remove();
-  window.ui = SwaggerUIBundle({{
-    url: "openapi.json",
-    dom_id: "#swagger-ui",
-    layout: "BaseLayout",
-    deepLinking: true,
-    showExtensions: true,
-    presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
-  }});
-}}
-</script>
-</body>
-</html>
-"""
-
-
-async def docs(request: web.Request) -> web.Response:
-    return web.Response(text=_docs_page(), content_type="text/html")
-
-
 def routes() -> list[web.RouteDef]:
-    """The two routes of this module, for the app's route table."""
-    return [web.get("/openapi.json", openapi_json), web.get("/docs", docs)]
+    """The route of this module, for the app's route table."""
+    return [web.get("/openapi.json", openapi_json)]

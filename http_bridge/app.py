@@ -28,7 +28,7 @@ from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
-from . import _openapi, _tracing
+from . import _openapi, _static, _tracing
 
 __all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
 
@@ -49,7 +49,7 @@ _ENVIRONMENT_STARTING = errors_pb2.ErrorReason.Name(errors_pb2.ERROR_REASON_ENVI
 #: First path segments that are routes of their own, not environment names.
 ROOT_SEGMENTS = frozenset(
     {"health", "version", "list_environments", "ping", "create", "delete", "create_session", "delete_session",
-     "openapi.json", "docs"}
+     "openapi.json", "docs", "server_stats", "", "playground"}
 )
 
 
@@ -437,6 +437,13 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
 # --------------------------------------------------------------------------
 
 
+async def server_stats(request: web.Request) -> web.Response:
+    """The backend's counters per environment (read-only), for the playground's live view."""
+    rpc_request = service_pb2.GetServerStatsRequest()
+    response = await _stub(request).GetServerStats(rpc_request, metadata=call_metadata(request))
+    return _json(convert.server_stats_json(response))
+
+
 async def prepare_episodes(request: web.Request) -> web.Response:
     """Warm episodes: set up episodes of the given tasks ahead, for `/create` to claim."""
     body = await _body(request, convert.PrepareBody)
@@ -485,6 +492,7 @@ def _routes() -> list[web.RouteDef]:
         web.post("/{env}/cancel_prepared", cancel_prepared),
         web.get("/{env}/messages", get_messages),
         web.post("/{env}/score_group", score_group),
+        web.get("/server_stats", server_stats),
     ]
 
 
@@ -541,7 +549,8 @@ def create_app(
     )
     app.cleanup_ctx.append(_backend_channel)
     app.add_routes(_routes())
-    app.add_routes(_openapi.routes())  # /openapi.json, /docs
+    app.add_routes(_openapi.routes())  # /openapi.json
+    app.add_routes(_static.routes())  # the playground at /, Swagger UI at /docs
     _tracing.install(app)  # only while tracing is on
     return app
 

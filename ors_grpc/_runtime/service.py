@@ -27,6 +27,7 @@ from ors_grpc.authoring.environment import Environment, find_terminal_tool, flat
 from ors_grpc._runtime.user_code import run_user_code as _run_user_code
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
+from ors_grpc._runtime.server_stats import WINDOW_S
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
@@ -688,3 +689,36 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         if request.task_specs:
             return [_convert.load_json_object(spec, f"task_specs[{i}]") for i, spec in enumerate(request.task_specs)]
         return [await self._get_task(env_cls, request.split, index) for index in request.indices]
+
+    # The live view (an ORS extension) -------------------------------------------
+
+    @_unary
+    async def GetServerStats(self, request: pb.GetServerStatsRequest, context: Any) -> pb.GetServerStatsResponse:
+        open_sessions = self._sessions.open_by_environment()
+        prepared = self._sessions.warm.count_by_environment()
+        return pb.GetServerStatsResponse(
+            environments=[
+                self._environment_stats(name, env_cls, open_sessions[env_cls], prepared.get(env_cls, 0))
+                for name, env_cls in self._envs.items()
+            ],
+            window_seconds=WINDOW_S,
+        )
+
+    def _environment_stats(
+        self, name: str, env_cls: type[Environment], open_sessions: int, prepared: int
+    ) -> pb.EnvironmentStats:
+        counters = self._sessions.stats.of(env_cls)
+        latency = counters.latency_ms(0.5, 0.99)
+        return pb.EnvironmentStats(
+            env_name=name,
+            open_sessions=open_sessions,
+            prepared_episodes=prepared,
+            tool_calls_in_flight=counters.in_flight,
+            tool_calls_per_second=counters.calls_per_second(),
+            call_latency_p50_ms=latency[0] if latency else None,
+            call_latency_p99_ms=latency[1] if latency else None,
+            recent_errors=[
+                pb.ServerError(time_unix_ms=error.time_unix_ms, source=error.source, message=error.message)
+                for error in counters.recent_errors()
+            ],
+        )

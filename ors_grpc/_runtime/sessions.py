@@ -12,6 +12,7 @@ calls and runs `teardown()`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -24,6 +25,7 @@ from ors_grpc.authoring.environment import Environment, class_has_exclusive_tool
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
 from ors_grpc.protocol.errors import ORSError, bounded_text
+from ors_grpc._runtime.server_stats import ServerStats
 from ors_grpc._runtime.session import Session
 from ors_grpc._runtime.tool_calls import SessionToolCalls
 from ors_grpc._runtime.warm_pool import WarmPool
@@ -88,10 +90,16 @@ class SessionTable:
         self._reaper: asyncio.Task[None] | None = None
         #: Episodes prepared ahead (PrepareEpisodes), held outside the table until claimed.
         self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end, setup_timeout_s=warm_setup_timeout_s)
+        #: Per-environment counters for the live view (GetServerStats).
+        self.stats = ServerStats()
 
     @property
     def open_count(self) -> int:
         return len(self._sessions)
+
+    def open_by_environment(self) -> collections.Counter[type]:
+        """Sessions held now, by environment class."""
+        return collections.Counter(session.env_cls for session in self._sessions.values())
 
     def start(self) -> None:
         """Start the reaper (needs a running loop)."""
@@ -146,7 +154,7 @@ class SessionTable:
         )
         calls = SessionToolCalls(
             linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact,
-            gate=ExclusiveGate() if exclusive else None,
+            gate=ExclusiveGate() if exclusive else None, counters=self.stats.of(env_cls),
         )
         session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
         session.setup_task = asyncio.get_running_loop().create_task(
@@ -259,6 +267,7 @@ class SessionTable:
             message = session.redact(str(exc) or type(exc).__name__)
             # Cut once here (every later call answers it); the whole text is logged once.
             session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, bounded_text(message))
+            self.stats.of(session.env_cls).error("setup", session.error.message)
             logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, message)
         else:
             session.env = env

@@ -31,6 +31,7 @@ from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_e
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
+from ors_grpc._runtime.server_stats import EnvironmentCounters
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
 from ors_grpc._runtime.user_code import run_user_code
 
@@ -67,6 +68,10 @@ def _refused_as_finished(name: str) -> CallOutcome:
 
 async def _at_once(outcome: CallOutcome) -> CallOutcome:
     return outcome
+
+
+def _failure_message(outcome: CallOutcome) -> str | None:
+    return outcome.failure
 
 
 def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
@@ -110,9 +115,11 @@ class SessionToolCalls:
 
     def __init__(
         self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str,
-        gate: ExclusiveGate | None = None,
+        gate: ExclusiveGate | None = None, counters: EnvironmentCounters | None = None,
     ) -> None:
         self._linger_s = linger_s
+        #: The environment's live-view counters (server_stats), if the server keeps them.
+        self._counters = counters
         self._sync_lock = sync_lock
         self._timeout_s = timeout_s
         self._redact = redact
@@ -237,7 +244,10 @@ class SessionToolCalls:
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
             return _refused_as_finished(name)
-        return await metrics.timed_tool_call(env, name, self._run_tool(env, name, fn, tool_input))
+        call = metrics.timed_tool_call(env, name, self._run_tool(env, name, fn, tool_input))
+        if self._counters is None:
+            return await call
+        return await self._counters.timed_call(name, call, _failure_message)
 
     async def _run_tool(
         self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]

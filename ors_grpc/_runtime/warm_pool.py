@@ -77,6 +77,13 @@ class WarmPool:
         """Episodes held now (preparing or ready); they count as sessions."""
         return self._count
 
+    def count_by_environment(self) -> dict[type, int]:
+        """Episodes held now, by environment class."""
+        counts: dict[type, int] = {}
+        for (env_cls, _, _), queue in self._held.items():
+            counts[env_cls] = counts.get(env_cls, 0) + len(queue)
+        return counts
+
     def hold(self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], api_key: str) -> None:
         """Keep a just started episode for a creation of the same key to claim."""
         held = _Held(session, self._claim_key(session.env_cls, task_spec, secrets, api_key))

@@ -1,9 +1,10 @@
-"""`/openapi.json` and `/docs`: the document is valid OpenAPI 3.1, names exactly the routes the
+"""`/openapi.json` and `/docs` (Swagger UI, served offline): the document is valid OpenAPI 3.1, names exactly the routes the
 bridge serves, and describes what a real server answers."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import aiohttp
@@ -12,6 +13,7 @@ from openapi_spec_validator import validate
 
 from http_bridge import create_app
 from http_bridge._openapi import openapi_document
+from http_bridge._static import CONTENT_SECURITY_POLICY
 from http_bridge.app import ROOT_SEGMENTS
 from tests.support.bridge_http import parse_sse
 from tests.support.keyed_server import API_KEY, http, serve  # noqa: F401 (fixtures: a server with an API key)
@@ -78,11 +80,18 @@ async def test_openapi_json_and_docs_need_no_key(http: aiohttp.ClientSession) ->
     async with http.get("/docs") as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/html")
+        assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
         page = await response.text()
-    assert "swagger-ui-bundle.js" in page and 'url: "openapi.json"' in page
-    # Without the CDN the page still lists every route.
-    for method, path in documented_operations():
-        assert f"<code>{method.upper()}</code></td><td><code>{path}</code>" in page
+    # Every file of the page comes from the bridge itself (no CDN), without a key.
+    files = re.findall(r'(?:src|href)="(/docs/[^"]+)"', page)
+    assert sorted(files) == ["/docs/init.js", "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css"]
+    for path in files:
+        async with http.get(path) as response:
+            assert response.status == 200, path
+            assert response.headers["Content-Type"].split(";")[0] in ("text/javascript", "text/css")
+            assert len(await response.read()) > 100
+    async with http.get("/docs/index.j2") as response:  # in the Swagger UI folder, but not served
+        assert response.status == 404
     async with http.get("/list_environments") as response:
         assert response.status == 401
 
@@ -146,6 +155,8 @@ async def test_a_whole_episode_answers_as_documented(http: aiohttp.ClientSession
             "text/event-stream"]["x-sse-events"]["end"]["contentSchema"]
         validator = OAS31Validator({**run_tool_output, "components": openapi_document()["components"]})
         assert list(validator.iter_errors(stream.result())) == []
+    stats = await get("/server_stats", "/server_stats")
+    assert {row["env_name"]: row["open_sessions"] for row in stats["environments"]}["echoenv"] == 1
     await post("/ping", "/ping", **{"X-Session-ID": sid})
     await post("/ping", "/ping")  # 400 without the header
     await post("/delete", "/delete", **{"X-Session-ID": sid})

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Iterator
 
 import aiohttp
-import grpc
 import pytest
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb

@@ -1,4 +1,4 @@
-"""System tools some tests need (node, npm, nginx, curl, openssl), and the one rule for their absence.
+"""System tools some tests need (node, npm, nginx, curl, openssl, chromium), and the one rule for their absence.
 
 On a developer's machine a test whose system tool is missing is skipped, and
 `pytest -rs` (in pyproject's addopts) prints why. Under `ORS_TESTS_NO_SKIP=1`,
@@ -54,3 +54,13 @@ def make_self_signed_certificate(folder: Path) -> tuple[Path, Path]:
         check=True, capture_output=True, timeout=OPENSSL_TIMEOUT_S,
     )
     return cert, key
+
+
+def chromium_and_driver() -> tuple[str, str]:
+    """The paths of Debian's `chromium` and `chromedriver` (packages chromium, chromium-driver);
+    skip the test when either is missing."""
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if browser is None or driver is None:
+        missing = " and ".join(name for name, path in (("chromium", browser), ("chromedriver", driver)) if not path)
+        pytest.skip(f"{missing} not installed (Debian: apt-get install chromium chromium-driver)")
+    return browser, driver

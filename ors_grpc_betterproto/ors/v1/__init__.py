@@ -1287,6 +1287,82 @@ class ScoreGroupStep(betterproto.Message):
     """
 
 
+@dataclass(eq=False, repr=False)
+class GetServerStatsRequest(betterproto.Message):
+    """Request of GetServerStats."""
+
+    pass
+
+
+@dataclass(eq=False, repr=False)
+class GetServerStatsResponse(betterproto.Message):
+    """Response of GetServerStats."""
+
+    environments: List["EnvironmentStats"] = betterproto.message_field(1)
+    """One entry per hosted environment, in ListEnvironments' order."""
+
+    window_seconds: float = betterproto.double_field(2)
+    """How far back the rates and latencies look, in seconds."""
+
+
+@dataclass(eq=False, repr=False)
+class EnvironmentStats(betterproto.Message):
+    """
+    One environment's counters, kept by the server that answers (behind a
+     load balancer, each backend counts its own).
+    """
+
+    env_name: str = betterproto.string_field(1)
+    """The environment's name, as ListEnvironments gives it."""
+
+    open_sessions: int = betterproto.int64_field(2)
+    """
+    Episodes of this environment with a session now (setting up, ready or
+     finished, not yet deleted or reaped).
+    """
+
+    prepared_episodes: int = betterproto.int64_field(3)
+    """Episodes prepared ahead (PrepareEpisodes) and not yet claimed."""
+
+    tool_calls_in_flight: int = betterproto.int64_field(4)
+    """Tool calls running now."""
+
+    tool_calls_per_second: float = betterproto.double_field(5)
+    """Tool calls that ended within the window, per second."""
+
+    call_latency_p50_ms: Optional[float] = betterproto.double_field(6, optional=True)
+    """
+    The median run time of the tool calls that ended within the window, in
+     milliseconds; absent when none did.
+    """
+
+    call_latency_p99_ms: Optional[float] = betterproto.double_field(7, optional=True)
+    """Their 99th percentile, in milliseconds; absent when none did."""
+
+    recent_errors: List["ServerError"] = betterproto.message_field(8)
+    """
+    The last errors of the environment's code, newest first (a bounded few).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ServerError(betterproto.Message):
+    """An error the server met running an environment's code."""
+
+    time_unix_ms: int = betterproto.int64_field(1)
+    """When it happened, in milliseconds since the Unix epoch."""
+
+    source: str = betterproto.string_field(2)
+    """
+    Where: `setup`, or `tool NAME` for a tool call that raised or timed out.
+    """
+
+    message: str = betterproto.string_field(3)
+    """
+    The error's message, as the client was told it (the session's secrets masked).
+    """
+
+
 class EnvironmentServiceStub(betterproto.ServiceStub):
     async def health(
         self,
@@ -1668,6 +1744,23 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def get_server_stats(
+        self,
+        get_server_stats_request: "GetServerStatsRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "GetServerStatsResponse":
+        return await self._unary_unary(
+            "/ors.v1.EnvironmentService/GetServerStats",
+            get_server_stats_request,
+            GetServerStatsResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -1774,6 +1867,11 @@ class EnvironmentServiceBase(ServiceBase):
     async def cancel_prepared_episodes(
         self, cancel_prepared_episodes_request: "CancelPreparedEpisodesRequest"
     ) -> "CancelPreparedEpisodesResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_server_stats(
+        self, get_server_stats_request: "GetServerStatsRequest"
+    ) -> "GetServerStatsResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_health(
@@ -1947,6 +2045,14 @@ class EnvironmentServiceBase(ServiceBase):
         response = await self.cancel_prepared_episodes(request)
         await stream.send_message(response)
 
+    async def __rpc_get_server_stats(
+        self,
+        stream: "grpclib.server.Stream[GetServerStatsRequest, GetServerStatsResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_server_stats(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -2080,5 +2186,11 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 CancelPreparedEpisodesRequest,
                 CancelPreparedEpisodesResponse,
+            ),
+            "/ors.v1.EnvironmentService/GetServerStats": grpclib.const.Handler(
+                self.__rpc_get_server_stats,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetServerStatsRequest,
+                GetServerStatsResponse,
             ),
         }

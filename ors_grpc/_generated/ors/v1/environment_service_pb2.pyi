@@ -441,3 +441,45 @@ class ScoreGroupStep(_message.Message):
     candidates: _containers.RepeatedCompositeFieldContainer[_types_pb2.GroupCandidate]
     task_id: str
     def __init__(self, candidates: _Optional[_Iterable[_Union[_types_pb2.GroupCandidate, _Mapping]]] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class GetServerStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetServerStatsResponse(_message.Message):
+    __slots__ = ("environments", "window_seconds")
+    ENVIRONMENTS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    environments: _containers.RepeatedCompositeFieldContainer[EnvironmentStats]
+    window_seconds: float
+    def __init__(self, environments: _Optional[_Iterable[_Union[EnvironmentStats, _Mapping]]] = ..., window_seconds: _Optional[float] = ...) -> None: ...
+
+class EnvironmentStats(_message.Message):
+    __slots__ = ("env_name", "open_sessions", "prepared_episodes", "tool_calls_in_flight", "tool_calls_per_second", "call_latency_p50_ms", "call_latency_p99_ms", "recent_errors")
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CALL_LATENCY_P50_MS_FIELD_NUMBER: _ClassVar[int]
+    CALL_LATENCY_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    env_name: str
+    open_sessions: int
+    prepared_episodes: int
+    tool_calls_in_flight: int
+    tool_calls_per_second: float
+    call_latency_p50_ms: float
+    call_latency_p99_ms: float
+    recent_errors: _containers.RepeatedCompositeFieldContainer[ServerError]
+    def __init__(self, env_name: _Optional[str] = ..., open_sessions: _Optional[int] = ..., prepared_episodes: _Optional[int] = ..., tool_calls_in_flight: _Optional[int] = ..., tool_calls_per_second: _Optional[float] = ..., call_latency_p50_ms: _Optional[float] = ..., call_latency_p99_ms: _Optional[float] = ..., recent_errors: _Optional[_Iterable[_Union[ServerError, _Mapping]]] = ...) -> None: ...
+
+class ServerError(_message.Message):
+    __slots__ = ("time_unix_ms", "source", "message")
+    TIME_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ms: int
+    source: str
+    message: str
+    def __init__(self, time_unix_ms: _Optional[int] = ..., source: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...

@@ -173,6 +173,11 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesResponse.FromString,
                 _registered_method=True)
+        self.GetServerStats = channel.unary_unary(
+                '/ors.v1.EnvironmentService/GetServerStats',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -424,6 +429,17 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServerStats(self, request, context):
+        """The server's own counters, per hosted environment (an extension of ORS,
+        read-only): open sessions, prepared episodes, tool calls per second and
+        their latency over a recent window, the last errors. For a live view of
+        what the server is doing (the HTTP door's playground polls it); it needs
+        the API key like every RPC but Health.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -536,6 +552,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.CancelPreparedEpisodes,
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesResponse.SerializeToString,
+            ),
+            'GetServerStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerStats,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1160,6 +1181,33 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/CancelPreparedEpisodes',
             ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.CancelPreparedEpisodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/GetServerStats',
+            ors_dot_v1_dot_environment__service__pb2.GetServerStatsRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.GetServerStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
