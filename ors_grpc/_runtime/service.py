@@ -470,7 +470,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_spec or both split and index, not both/neither")
         toolset_cls = self._toolset_cls(request.toolset_name) if request.HasField("toolset_name") else None
-        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls)
+        await self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls)
 
     def _toolset_cls(self, name: str) -> type:
         toolset_cls = self._toolsets.get(name)

@@ -82,8 +82,12 @@ class ErrorReason(betterproto.Enum):
 
     SETUP_FAILED = 9
     """
-    The environment's constructor or `setup()` raised; the message is the
-     error's. FAILED_PRECONDITION.
+    The environment's constructor (or its session toolset's) or `setup()`
+     raised; the message is `Type: message` (secret-masked), as openreward
+     words it. A constructor runs before CreateEpisode answers, so it fails
+     the creation itself (no episode is registered); `setup()` runs after,
+     so its failure answers every later call of the episode that waits for
+     setup. FAILED_PRECONDITION (HTTP 500).
     """
 
     UNKNOWN_TASK_ID = 10
@@ -153,6 +157,15 @@ class ErrorReason(betterproto.Enum):
     The request's `session_id` field and its `x-session-id` metadata name
      different sessions (a load balancer routing by the metadata would have
      sent the call to another session's backend). INVALID_ARGUMENT (HTTP 400).
+    """
+
+    TOOLSET_REFUSED = 26
+    """
+    The session toolset named by CreateEpisodeRequest `toolset_name` refused
+     the episode's environment: its constructor raised ValueError (for
+     example, the environment lacks something the toolset needs); the message
+     is the ValueError's. The creation fails and no episode is registered.
+     INVALID_ARGUMENT (HTTP 400, as openreward answers it).
     """
 
     IDEMPOTENCY_KEY_REUSED = 30
