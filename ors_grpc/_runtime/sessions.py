@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools
+from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools, overrides
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
 from ors_grpc.protocol.errors import ORSError, bounded_text
@@ -59,12 +59,6 @@ def redactor(secret_values: Iterable[str]):
         return text
 
     return redact
-
-
-def _overrides(env: Environment, hook: str) -> bool:
-    """Whether `env` replaces the base class's no-op `setup`/`teardown`.
-    When it does not, the call is skipped: no worker-thread round trip for nothing."""
-    return getattr(type(env), hook) is not getattr(Environment, hook) or hook in getattr(env, "__dict__", {})
 
 
 class SessionTable:
@@ -270,7 +264,7 @@ class SessionTable:
             if env is None:
                 return  # a constructor failed, or deleted while constructing: nothing to tear down
             session.mark_constructed()
-            if _overrides(env, "setup"):
+            if overrides(env, "setup"):  # else no worker-thread round trip for nothing
                 await self._run_setup_step(session, env.setup)
         except Exception as exc:
             session.error = self._setup_failed(session, exc)
@@ -328,7 +322,7 @@ class SessionTable:
 
     async def _tear_down(self, session: Session) -> None:
         assert session.env is not None
-        if not _overrides(session.env, "teardown"):
+        if not overrides(session.env, "teardown"):
             return
         try:
             await run_user_code(

@@ -152,3 +152,28 @@ async def test_setup_keeps_running_after_the_creation_answered() -> None:
         assert not prompt.done()
         release.set()
         assert (await prompt).blocks[0].text.text
+
+
+class Notebook(Toolset):
+    """A toolset an environment declares, whose constructor has a bug (a TypeError inside it)."""
+
+    def __init__(self, env: EchoEnv) -> None:
+        self.pages = len(env.task_spec) + "pages"  # type: ignore[operator]
+
+    @tool
+    def jot(self) -> ToolOutput:
+        """Jot."""
+        return ToolOutput(blocks=[TextBlock(text="jotted")])
+
+
+class NotebookEnv(EchoEnv):
+    toolsets = (Notebook,)
+
+
+async def test_a_declared_toolset_whose_constructor_raises_reports_the_authors_error() -> None:
+    """Not retried without the environment (which would hide the bug until the
+    tool reports "not found"): the call fails with the constructor's TypeError."""
+    async with serving([NotebookEnv]) as stub:
+        await stub.CreateEpisode(create_request("n-1", "notebookenv", {"id": 0}))
+        events = [event async for event in stub.CallTool(pb.CallToolRequest(session_id="n-1", call={"name": "jot"}))]
+        assert events[-1].failure.message == "TypeError: unsupported operand type(s) for +: 'int' and 'str'"
