@@ -173,6 +173,9 @@ class SessionToolCalls:
         it (same fingerprint, else IDEMPOTENCY_KEY_REUSED), else a new one,
         `start(key)`, with `key` as its task id. Shared by every kind of call
         that takes a key (CallTool, ScoreGroup)."""
+        if len(key) > MAX_TASK_ID_LENGTH:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           f"idempotency_key must be 1 to {MAX_TASK_ID_LENGTH} characters")
         call = self._calls.get(key)
         if call is None:
             call = start(key)

@@ -165,6 +165,8 @@ SCENARIO = [
     Step("create unknown toolset", "POST", "/create",
          {"env_name": "convoenv", "split": "train", "index": 0, "toolset_name": "nope"}, sid="t-0"),
     Step("ping after unknown toolset", "POST", "/ping", sid="t-0"),
+    Step("create with an empty toolset name", "POST", "/create",
+         {"env_name": "convoenv", "split": "train", "index": 0, "toolset_name": ""}, sid="t-00"),
     Step("create with toolset", "POST", "/create",
          {"env_name": "convoenv", "split": "train", "index": 1, "toolset_name": "scratchpad"}, sid="t-1"),
     Step("task_tools with toolset", "GET", f"{CONVO}/task_tools", sid="t-1"),
@@ -224,12 +226,12 @@ def same_status_string_detail(reference: dict, ours: dict) -> bool:
     return reference["status"] == ours["status"] == 422 and isinstance(ours["body"]["detail"], str)
 
 
-def names_valid_toolsets(reference: dict, ours: dict) -> bool:
+def names_valid_toolsets(reference: dict, ours: dict, name: str = "nope") -> bool:
     detail = ours["body"]["detail"]
     return (
         reference["status"] == ours["status"] == 400
-        and reference["body"]["detail"].startswith("unknown toolset 'nope'; valid options are [")
-        and detail == "unknown toolset 'nope'; valid options are ['scratchpad']"
+        and reference["body"]["detail"].startswith(f"unknown toolset {name!r}; valid options are [")
+        and detail == f"unknown toolset {name!r}; valid options are ['scratchpad']"
     )
 
 
@@ -260,6 +262,11 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         "the valid toolsets are those registered with the server (openreward lists its built-in ones, "
         "which need its platform)",
         names_valid_toolsets,
+    ),
+    "create with an empty toolset name": (
+        "an empty toolset_name is a name, unknown as under openreward (not 'no toolset'); the valid ones "
+        "are ours",
+        lambda ref, ours: names_valid_toolsets(ref, ours, ""),
     ),
 }
 

@@ -112,6 +112,10 @@ async def test_a_session_toolset_that_refuses_or_breaks_fails_the_creation() -> 
             create_request("t-2", "echoenv", {"id": 0, "break": True}, toolset_name="PickyToolset")))
         assert (broken.code(), error_reason(broken), broken.details()) == (
             grpc.StatusCode.FAILED_PRECONDITION, "ERROR_REASON_SETUP_FAILED", "KeyError: 'pad'")
+        empty = await expect_error(stub.CreateEpisode(
+            create_request("t-3", "echoenv", {"id": 0}, toolset_name="")))
+        assert (error_reason(empty), empty.details()) == (
+            "ERROR_REASON_UNKNOWN_TOOLSET", "unknown toolset ''; valid options are ['PickyToolset']")
         assert await open_sessions(stub) == 0
 
 
