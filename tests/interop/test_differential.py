@@ -187,7 +187,7 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 200 and set(ours["body"]) == {"version"},
     ),
     "tools unknown env": (
-        "an unknown environment is a 404 naming the hosted ones (issue 14); the reference 308s to a bare 404",
+        "an unknown environment is a 404 naming the hosted ones; the reference 308s to a bare 404",
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 404
         and ours["body"]["detail"].startswith("unknown environment 'nowhere'; this server hosts: echoenv"),
     ),
