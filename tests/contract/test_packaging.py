@@ -1,37 +1,22 @@
-"""What the package ships and what git tracks: the typing marker is in the
-wheel, and the committed generated code is never ignored."""
+"""What the package ships and what git tracks: the typing markers and the
+reflection descriptors are in the wheel, and the committed generated code is
+never ignored."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "ors_grpc", "http_bridge")
+from tests.support.servers import ROOT
+from tests.support.wheel import WHEEL_BUILD_TIMEOUT_S, wheel_file_names
 
 
-@pytest.mark.timeout(240)
-def test_the_wheel_ships_the_typing_markers(tmp_path: Path) -> None:
-    source = tmp_path / "source"  # a copy: building in place would leave build/ in the work tree
-    source.mkdir()
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(ROOT / name, source / name)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
-         "-w", str(tmp_path / "dist")],
-        check=True, capture_output=True,
-    )
-    (wheel,) = (tmp_path / "dist").glob("ors_grpc-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"ors_grpc/py.typed", "http_bridge/py.typed"} <= names
+@pytest.mark.timeout(WHEEL_BUILD_TIMEOUT_S)
+def test_the_wheel_ships_the_typing_markers_and_the_documented_descriptors(tmp_path: Path) -> None:
+    names = wheel_file_names(tmp_path)
+    assert {"ors_grpc/py.typed", "http_bridge/py.typed", "ors_grpc/_generated/documented_descriptors.binpb"} <= names
 
 
 def test_a_new_file_in_the_committed_generated_code_is_not_ignored() -> None:
