@@ -32,6 +32,7 @@ from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import check_task_source
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.constants import MAX_JSON_DEPTH
+from ors_grpc.protocol.enums import MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 
 __all__ = [
     "BadRequest",
@@ -490,16 +491,9 @@ def _message_block_proto(block: Any) -> types_pb2.MessageBlock:
     return types_pb2.MessageBlock(text=_text_proto(block))
 
 
-_ROLES = {
-    "system": types_pb2.MESSAGE_ROLE_SYSTEM,
-    "user": types_pb2.MESSAGE_ROLE_USER,
-    "assistant": types_pb2.MESSAGE_ROLE_ASSISTANT,
-}
-
-
 def _message_proto(message: MessageBody) -> types_pb2.Message:
     return types_pb2.Message(
-        role=_ROLES[message.role],
+        role=MESSAGE_ROLE.value(message.role),
         blocks=[_message_block_proto(block) for block in message.blocks],
         detail=_optional_json(message.detail, "a message's detail"),
     )
@@ -629,18 +623,11 @@ def _message_block(block: types_pb2.MessageBlock) -> dict[str, Any]:
     return _image_json(block.image) if kind == "image" else _text_json(block.text)
 
 
-_ROLE_NAMES = {
-    types_pb2.MESSAGE_ROLE_SYSTEM: "system",
-    types_pb2.MESSAGE_ROLE_USER: "user",
-    types_pb2.MESSAGE_ROLE_ASSISTANT: "assistant",
-}
-
-
 def messages_json(messages: Iterable[types_pb2.Message]) -> list[dict[str, Any]]:
     """`[Message]`: `{"role", "blocks", "detail"}` each, as openreward answers `/messages`."""
     return [
         {
-            "role": _ROLE_NAMES.get(message.role, "user"),
+            "role": MESSAGE_ROLE.name(message.role, "user"),
             "blocks": [_message_block(block) for block in message.blocks],
             "detail": raw_json(message.detail, message.HasField("detail")),
         }
@@ -681,34 +668,18 @@ def tool_listing_json(
     return output
 
 
-_SPLIT_TYPES = {
-    types_pb2.SPLIT_TYPE_TRAIN: "train",
-    types_pb2.SPLIT_TYPE_VALIDATION: "validation",
-    types_pb2.SPLIT_TYPE_TEST: "test",
-}
-
-
 def split_json(split: types_pb2.Split) -> dict[str, Any]:
-    return {"name": split.name, "type": _SPLIT_TYPES.get(split.type, "validation")}
+    return {"name": split.name, "type": SPLIT_TYPE.name(split.type, "validation")}
 
 
 def task_json(task: types_pb2.Task) -> Raw:
     return raw_json(task.spec, task.HasField("spec"))
 
 
-#: RunToolError `reason` (openreward); UNSPECIFIED is null.
-_REFUSAL_REASONS = {
-    types_pb2.RUN_TOOL_ERROR_REASON_NOT_FOUND: "not_found",
-    types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION: "name_collision",
-    types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION: "input_validation",
-    types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED: "episode_finished",
-}
-
-
 def run_tool_result_json(result: types_pb2.RunToolResult) -> str:
     """RunToolOutput as compact JSON text: the payload of a `/call` stream."""
     if result.WhichOneof("outcome") == "error":
-        return dumps({"ok": False, "error": result.error, "reason": _REFUSAL_REASONS.get(result.reason)})
+        return dumps({"ok": False, "error": result.error, "reason": RUN_TOOL_ERROR_REASON.name(result.reason)})
     output = result.output
     return dumps(
         {

@@ -23,18 +23,24 @@ import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
-from ors_grpc import serving
-from ors_grpc._runtime.grpc_server import ServerConfig
-from ors_grpc._runtime.user_code import busy_user_code_threads
-from ors_grpc.authoring.environment import Environment
-from ors_grpc.protocol.constants import (
+# gRPC's fork handlers (on by default in the C core) cannot serve a grpc.aio
+# server, and an environment's forked children never use the parent's gRPC:
+# off, unless the user says otherwise, before grpc is first imported. With
+# them on, every fork of an environment logs "skipping fork() handlers".
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
+from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
+from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
+from ors_grpc.authoring.environment import Environment  # noqa: E402
+from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
     DEFAULT_SETUP_WAIT_S,
     DEFAULT_WARM_SETUP_TIMEOUT_S,
     DEFAULT_WARM_TTL_S,
 )
-from ors_grpc.serving import StartupError
+from ors_grpc.serving import StartupError  # noqa: E402
 
 __all__ = ["main"]
 

@@ -17,7 +17,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
@@ -26,6 +25,7 @@ from ors_grpc.authoring.environment import Environment
 from ors_grpc.observability import metrics
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import ORSError, abort
+from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
 from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry
 from ors_grpc._runtime.sessions import SessionTable
@@ -290,9 +290,7 @@ async def create_server(
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
+    add_reflection([SERVICE_NAME, health.SERVICE_NAME], server)
     credentials = _server_credentials(config)
     try:
         if credentials is None:

@@ -1,8 +1,12 @@
 """The ORS gRPC servicer: every RPC of ors.v1.EnvironmentService.
 
-Handlers speak `ORSError`; `_answering` (around every handler) turns it into a
-status code, the message, and the `ors-error-reason` trailing metadata entry
-(see errors.py), and log one line per request.
+Handlers speak `ORSError`. What the environment's code raises becomes one
+(ENVIRONMENT_ERROR, naming the exception) where it is run (`_environment_code`);
+anything else is a bug of ours. `_classified` is the one place that tells the
+two apart: `_answering` (around every handler) ends the RPC with its status,
+message and `ors-error-reason` trailing metadata entry (see errors.py), and a
+failed RunEpisode step answers the same in a `StepError`. One log line per
+request.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import inspect
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence, Union
 
 import grpc
 
@@ -23,11 +27,16 @@ from ors_grpc.protocol import convert as _convert
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.authoring.environment import Environment, find_terminal_tool, flatten_messages, tool_specs_of
-from ors_grpc._runtime.user_code import run_user_code as _run_user_code
+from ors_grpc.authoring.environment import (
+    Environment, find_terminal_tool, flatten_messages, overrides, tool_specs_of,
+)
+from ors_grpc._runtime import environment_calls
+from ors_grpc._runtime.server_stats import WINDOW_S
+from ors_grpc._runtime.session import Session
+from ors_grpc._runtime.tool_calls import ToolCallTask
+from ors_grpc._runtime.user_code import run_user_code
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
-from ors_grpc._runtime.server_stats import WINDOW_S
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
@@ -56,7 +65,7 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
         listed = env_cls.list_tools()  # also checks the @terminal rules
         if not listed.tools and listed.terminal_tool is None:
             raise ValueError(f"Environment '{key}' has no tools defined. Add at least one @tool method.")
-        if not (env_cls._overrides("get_prompt") or env_cls._overrides("get_messages")):
+        if not (overrides(env_cls, "get_prompt") or overrides(env_cls, "get_messages")):
             raise ValueError(
                 f"Environment '{key}' implements neither get_prompt() nor get_messages(). "
                 f"Implement get_prompt() (or get_messages() for a conversation-shaped environment)."
@@ -72,25 +81,27 @@ def environment_map(environments: Sequence[type[Environment]]) -> dict[str, type
     return env_map
 
 
-async def run_user_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`user_code.run_user_code`, marking what the environment's code raised
-    (so that it is answered as ERROR_REASON_ENVIRONMENT_ERROR, not as a bug
-    of ours); the exception keeps its type for the callers that catch it."""
+def _no_secrets(text: str) -> str:
+    return text
+
+
+@contextlib.contextmanager
+def _environment_code(
+    redact: Callable[[str], str] = _no_secrets, answered: tuple[type[Exception], ...] = ()
+) -> Iterator[None]:
+    """Around a run of the environment's code: what it raises is answered as
+    ENVIRONMENT_ERROR, `Type: message` with `redact` (the session's secrets
+    masked), not as a bug of ours; the `answered` types pass as they are, for
+    the caller to answer (an IndexError is INVALID_INDEX)."""
     try:
-        return await _run_user_code(fn, *args, **kwargs)
-    except Exception as exc:
-        with contextlib.suppress(AttributeError):  # an exception class with __slots__
-            exc.ors_environment_code = True  # type: ignore[attr-defined]
+        yield
+    except (ORSError, *answered):
         raise
-
-
-def _raised_by_environment(exc: Exception) -> bool:
-    """Whether the environment's code raised `exc` (else it is a bug of ours).
-    JSON over json_text's rules in an answer is the environment's too: the
-    service writes only JSON the environment made (requests' JSON is checked
-    as it is read, an ORSError JSON_LIMIT)."""
-    return (isinstance(exc, (SessionCodeError, json_text.JsonLimitError))
-            or getattr(exc, "ors_environment_code", False))
+    except Exception as exc:
+        message = redact(f"{type(exc).__name__}: {exc}")
+        logger.warning("environment_error error_type=%s error=%s", type(exc).__name__, message)
+        # `from None`: the original, unmasked message must not reach the log.
+        raise environment_error(message) from None
 
 
 ToolsetRegistry = Union[Sequence[type], Mapping[str, type]]
@@ -120,35 +131,32 @@ def _registered_name(toolset_cls: type) -> str:
     return name() if callable(name) else toolset_cls.__name__
 
 
-def _log_unexpected(method: str, exc: Exception) -> str:
-    logger.warning("rpc_error method=%s error_type=%s", method, type(exc).__name__, exc_info=exc)
-    if isinstance(exc, SessionCodeError):  # it names the user code's exception type already
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
-
-
-class SessionCodeError(Exception):
-    """A session's user code raised: the original type and message, with the
-    session's secrets masked (the message reaches the client and the log)."""
-
-
-async def _session_code(session: Any, fn: Callable[[], Any]) -> Any:
-    """Run one of a session's user code functions (prompt, task tools)."""
-    try:
+async def _session_code(session: Session, fn: Callable[[], Any]) -> Any:
+    """Run one of a session's user code functions (prompt, messages, task tools)."""
+    with _environment_code(session.redact):
         return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop)
-    except Exception as exc:
-        # `from None`: the original, unmasked message must not reach the log.
-        raise SessionCodeError(f"{type(exc).__name__}: {session.redact(str(exc))}") from None
+
+
+def _classified(method: str, exc: Exception) -> ORSError | str:
+    """What a failed handler answers: its ORSError, else (a bug of ours,
+    logged with its traceback) the message of an INTERNAL status. JSON over
+    json_text's rules in an answer is the environment's (ENVIRONMENT_ERROR):
+    the service writes only JSON the environment made (requests' JSON is
+    checked as it is read, an ORSError JSON_LIMIT)."""
+    if isinstance(exc, ORSError):
+        return exc
+    logger.warning("rpc_error method=%s error_type=%s", method, type(exc).__name__, exc_info=exc)
+    if isinstance(exc, json_text.JsonLimitError):
+        return environment_error(f"{type(exc).__name__}: {exc}")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _step_error(step: str, exc: Exception) -> pb.StepError:
     """What a RunEpisode step answers when it fails: the status its RPC would end with."""
-    if not isinstance(exc, ORSError):
-        message = _log_unexpected(step, exc)
-        if not _raised_by_environment(exc):
-            return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=logged_bounded_text(message, step))
-        exc = environment_error(message)
-    return pb.StepError(code=exc.code.value[0], reason=exc.reason, message=logged_bounded_text(exc.message, step))
+    error = _classified(step, exc)
+    if isinstance(error, str):
+        return pb.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=logged_bounded_text(error, step))
+    return pb.StepError(code=error.code.value[0], reason=error.reason, message=logged_bounded_text(error.message, step))
 
 
 @contextlib.asynccontextmanager
@@ -159,20 +167,16 @@ async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIte
     outcome = "OK"
     try:
         yield
-    except ORSError as error:
-        outcome = error.reason_name
-        await abort(context, error)
     except grpc.aio.AbortError:
         raise
     except asyncio.CancelledError:
         outcome = "CANCELLED"  # the client went away; a running tool goes on
         raise
     except Exception as exc:
-        message = _log_unexpected(method, exc)
-        if not _raised_by_environment(exc):
+        error = _classified(method, exc)
+        if isinstance(error, str):
             outcome = "INTERNAL"
-            await context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(message, method))
-        error = environment_error(message)
+            await context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(error, method))
         outcome = error.reason_name
         await abort(context, error)
     finally:
@@ -247,7 +251,7 @@ def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
     return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
 
 
-def _keyed_tool_call(session: Any, env: Environment, tool_call: Any, key: str) -> Any:
+def _keyed_tool_call(session: Session, env: Environment, tool_call: Any, key: str) -> ToolCallTask:
     """The call of idempotency key `key`: started under it as its task id, or the one already started."""
     if tool_call.task_id:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
@@ -259,7 +263,7 @@ def _keyed_tool_call(session: Any, env: Environment, tool_call: Any, key: str) -
     )
 
 
-def _keyed_scoring(session: Any, env: Environment, request: pb.ScoreGroupRequest) -> Any:
+def _keyed_scoring(session: Session, env: Environment, request: pb.ScoreGroupRequest) -> ToolCallTask:
     """The scoring of idempotency key `request.idempotency_key`, as `_keyed_tool_call`:
     started under it, or the one already started with the same candidates."""
     if request.task_id:
@@ -273,7 +277,7 @@ def _keyed_scoring(session: Any, env: Environment, request: pb.ScoreGroupRequest
     )
 
 
-async def _scoring_outcome_event(session: Any, call: Any) -> pb.ScoreGroupResponse:
+async def _scoring_outcome_event(session: Session, call: ToolCallTask) -> pb.ScoreGroupResponse:
     """Waits for a scoring to end: its scores, or its failure."""
     outcome = await call.outcome()
     session.touch()
@@ -302,7 +306,7 @@ def _session_tools(env: Environment, task_tools: ListToolsOutput, toolset: Any) 
     )
 
 
-async def _outcome_event(session: Any, call: Any) -> pb.CallToolResponse:
+async def _outcome_event(session: Session, call: ToolCallTask) -> pb.CallToolResponse:
     """Waits for a call to end: its result, or its failure when the tool raised."""
     outcome = await call.outcome()
     session.touch()
@@ -357,7 +361,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         return env_cls
 
     async def _splits(self, env_cls: type[Environment]) -> list[Split | str]:
-        return list(await run_user_code(env_cls.list_splits, on_loop=env_cls.sync_code_on_loop))
+        with _environment_code():
+            return list(await run_user_code(env_cls.list_splits, on_loop=env_cls.sync_code_on_loop))
 
     async def _check_split(self, env_cls: type[Environment], split: str) -> None:
         names = [_convert.split_to_proto(s).name for s in await self._splits(env_cls)]
@@ -367,7 +372,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
         await self._check_split(env_cls, split)
         try:
-            return await run_user_code(env_cls.get_task, split, index, on_loop=env_cls.sync_code_on_loop)
+            with _environment_code(answered=(IndexError,)):
+                return await environment_calls.get_task(env_cls, split, index)
         except IndexError:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index") from None
 
@@ -398,7 +404,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         env_cls = self._env_cls(request.env_name)
         await self._check_split(env_cls, request.split)
         try:
-            tasks = await run_user_code(env_cls.list_tasks, request.split, on_loop=env_cls.sync_code_on_loop)
+            with _environment_code(answered=(NotImplementedError,)):
+                tasks = await environment_calls.list_tasks(env_cls, request.split)
         except NotImplementedError:
             raise ORSError(errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED, LISTING_UNSUPPORTED_MESSAGE) from None
         return pb.ListTasksResponse(
@@ -409,7 +416,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def NumTasks(self, request: pb.NumTasksRequest, context: Any) -> pb.NumTasksResponse:
         env_cls = self._env_cls(request.env_name)
         await self._check_split(env_cls, request.split)
-        num_tasks = await run_user_code(env_cls.num_tasks, request.split, on_loop=env_cls.sync_code_on_loop)
+        with _environment_code():
+            num_tasks = await environment_calls.num_tasks(env_cls, request.split)
         return pb.NumTasksResponse(num_tasks=num_tasks)
 
     @_unary
@@ -425,9 +433,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         start = request.start if request.HasField("start") else None
         stop = request.stop if request.HasField("stop") else None
         try:
-            tasks = await run_user_code(
-                env_cls.get_task_range, request.split, start, stop, on_loop=env_cls.sync_code_on_loop
-            )
+            with _environment_code(answered=(IndexError,)):
+                tasks = await environment_calls.get_task_range(env_cls, request.split, start, stop)
         except IndexError:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index range") from None
         return pb.GetTaskRangeResponse(tasks=[_convert.task_to_proto(task) for task in tasks])
@@ -470,7 +477,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_spec or both split and index, not both/neither")
         toolset_cls = self._toolset_cls(request.toolset_name) if request.HasField("toolset_name") else None
-        self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls)
+        await self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls)
 
     def _toolset_cls(self, name: str) -> type:
         toolset_cls = self._toolsets.get(name)
@@ -481,20 +488,21 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     async def _prompt(self, sid: str) -> pb.GetPromptResponse:
         session, env = await self._sessions.ready(sid)
-        if env._overrides("get_prompt"):
+        if overrides(env, "get_prompt"):
             blocks = await _session_code(session, env.get_prompt)
         else:  # a conversation-shaped environment: its messages, flattened
             blocks = flatten_messages(await self._session_messages(session, env))
         return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
 
-    async def _session_messages(self, session: Any, env: Environment) -> Sequence[Any]:
+    async def _session_messages(self, session: Session, env: Environment) -> Sequence[Message]:
         """The environment's `get_messages`, validated as Messages."""
         messages = await _session_code(session, env.get_messages)
-        return [Message.model_validate(m) if not isinstance(m, Message) else m for m in messages]
+        with _environment_code(session.redact):  # what it returned cannot be sent
+            return [Message.model_validate(m) if not isinstance(m, Message) else m for m in messages]
 
     async def _messages(self, sid: str) -> pb.GetMessagesResponse:
         session, env = await self._sessions.ready(sid)
-        if env._overrides("get_messages"):
+        if overrides(env, "get_messages"):
             messages = await self._session_messages(session, env)
         else:  # the default: the prompt as one user message
             messages = [Message(role="user", blocks=await _session_code(session, env.get_prompt))]
@@ -506,15 +514,15 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         tools = _session_tools(env, task_tools, session.calls.toolset)
         return pb.ListTaskToolsResponse(**_convert.tool_listing(tools))
 
-    async def _scoring_session(self, sid: str) -> tuple[Any, Environment]:
+    async def _scoring_session(self, sid: str) -> tuple[Session, Environment]:
         """The session and environment, once set up, if it implements score_group."""
         session, env = await self._sessions.ready(sid)
-        if not env._supports_score_group():
+        if not overrides(env, "score_group"):
             raise ORSError(errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED,
                            f"Environment {session.env_cls.name().lower()!r} does not implement score_group")
         return session, env
 
-    async def _scoring(self, sid: str, request: pb.ScoreGroupRequest) -> tuple[Any, Any]:
+    async def _scoring(self, sid: str, request: pb.ScoreGroupRequest) -> tuple[Session, ToolCallTask]:
         """The session and its scoring: a new one, the one of `task_id`, or the one of its idempotency key."""
         session, env = await self._scoring_session(sid)
         if request.idempotency_key:

@@ -1,5 +1,5 @@
 """One episode's state in the session table: its environment (once set up),
-its tool calls and its setup's progress."""
+its tool calls and its construction's and setup's progress."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["Session"]
 
 
-#: What every session's `ready` becomes once set: an asyncio.Event costs about
+#: What every session's `constructed` and `ready` become once set: an asyncio.Event costs about
 #: 0.8 KiB (its waiter deque), a lot next to the rest of an idle session.
 _READY = asyncio.Event()
 _READY.set()
@@ -36,6 +36,11 @@ class Session:
         self.env: Environment | None = None
         self.calls = calls
         self.redact = redact
+        #: Set once the constructors (the environment's, its session
+        #: toolset's) have run: the creation answers then.
+        self.constructed = asyncio.Event()
+        #: Why a constructor failed (the creation fails with it).
+        self.construction_error: ORSError | None = None
         self.ready = asyncio.Event()
         self.error: ORSError | None = None
         self.deleted = False
@@ -49,6 +54,11 @@ class Session:
         #: episode, when it is not the episode's own id (a reused stream):
         #: the key its per-step RPCs are routed by.
         self.route_key: str | None = None
+
+    def mark_constructed(self) -> None:
+        """Wake the creation waiting for the constructors; later waits return at once."""
+        self.constructed.set()
+        self.constructed = _READY
 
     def mark_ready(self) -> None:
         """Wake every waiter for setup; later waits return at once."""

@@ -1,9 +1,11 @@
 """The session table: episodes by session id, their background setup, the reaper.
 
-Creating an episode answers at once; the environment is constructed (its
-session toolset, if one was named, attached) and set up in a background
-task, and session-scoped calls wait for it (`ready`), for at most
-`setup_wait_s`: then they fail with ENVIRONMENT_STARTING, to be retried.
+Creating an episode answers once the environment is constructed (its
+session toolset, if one was named, attached), as openreward's `/create`
+does: a constructor that raises (a task spec it rejects) fails the creation
+and leaves no session. `setup()` runs on in a background task, and
+session-scoped calls wait for it (`ready`), for at most `setup_wait_s`: then
+they fail with ENVIRONMENT_STARTING, to be retried.
 Sessions idle for `session_timeout_s` are reaped (teardown included) unless a
 tool call is in flight. Deleting cancels a running setup, releases the tool
 calls and runs `teardown()`.
@@ -21,7 +23,7 @@ from typing import Any, Iterable
 
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools
+from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools, overrides
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
 from ors_grpc.protocol.errors import ORSError, bounded_text
@@ -57,12 +59,6 @@ def redactor(secret_values: Iterable[str]):
         return text
 
     return redact
-
-
-def _overrides(env: Environment, hook: str) -> bool:
-    """Whether `env` replaces the base class's no-op `setup`/`teardown`.
-    When it does not, the call is skipped: no worker-thread round trip for nothing."""
-    return getattr(type(env), hook) is not getattr(Environment, hook) or hook in getattr(env, "__dict__", {})
 
 
 class SessionTable:
@@ -106,14 +102,17 @@ class SessionTable:
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(), name="ors-reaper")
 
-    def create(
+    async def create(
         self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
         api_key: str = "", toolset_cls: type | None = None,
     ) -> Session:
-        """Register an episode and start its construction (with its session
+        """Register an episode, start its construction (with its session
         toolset's, `toolset_cls`) and setup, or claim a prepared one of the
         same task, secrets and `api_key` (warm_pool; prepared episodes have
-        no session toolset, so a creation with one never claims)."""
+        no session toolset, so a creation with one never claims); and wait
+        for the constructors. One that raised fails the creation (the
+        episode is unregistered): SETUP_FAILED, or TOOLSET_REFUSED for a
+        toolset's ValueError."""
         self.check_can_create(sid)
         session = None if toolset_cls is not None else self.warm.claim(env_cls, task_spec, secrets, api_key)
         if session is None:
@@ -123,6 +122,14 @@ class SessionTable:
         session.touch()
         self._sessions[sid] = session
         metrics.session_opened(env_cls)
+        await session.constructed.wait()
+        if session.construction_error is not None:
+            if self._sessions.get(sid) is session:
+                del self._sessions[sid]
+                metrics.session_closed()
+            raise session.construction_error
+        if session.deleted:  # deleted while constructing
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         # DEBUG: a training loop opens hundreds of sessions a second.
         logger.debug("session_created env=%s", env_cls.name().lower())
         return session
@@ -253,33 +260,69 @@ class SessionTable:
     ) -> None:
         started = time.monotonic()
         try:
-            env = await self._run_setup_step(
-                session, functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets)
-            )
-            if session.deleted:
-                return  # deleted while constructing: setup never ran, nothing to tear down
-            if toolset_cls is not None:
-                session.calls.toolset = await self._run_setup_step(session, functools.partial(toolset_cls, env))
-            if _overrides(env, "setup"):
+            env = await self._construct(session, task_spec, secrets, toolset_cls)
+            if env is None:
+                return  # a constructor failed, or deleted while constructing: nothing to tear down
+            session.mark_constructed()
+            if overrides(env, "setup"):  # else no worker-thread round trip for nothing
                 await self._run_setup_step(session, env.setup)
         except Exception as exc:
-            # The message reaches clients and logs: mask the session's secrets.
-            message = session.redact(str(exc) or type(exc).__name__)
-            # Cut once here (every later call answers it); the whole text is logged once.
-            session.error = ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, bounded_text(message))
-            self.stats.of(session.env_cls).error("setup", session.error.message)
-            logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, message)
+            session.error = self._setup_failed(session, exc)
         else:
             session.env = env
             logger.debug("setup_completed duration_ms=%.1f", (time.monotonic() - started) * 1000)
             if session.setup_abandoned:  # deletion stopped waiting for this setup
                 await self._tear_down(session)
         finally:
+            session.mark_constructed()
             session.mark_ready()
+
+    async def _construct(
+        self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], toolset_cls: type | None
+    ) -> Environment | None:
+        """The episode's environment, with its session toolset attached;
+        None when a constructor raised (`session.construction_error` says
+        why) or the episode was deleted meanwhile."""
+        try:
+            env = await self._run_setup_step(
+                session, functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets)
+            )
+            if session.deleted:
+                return None
+            if toolset_cls is not None:
+                session.calls.toolset = await self._attach_toolset(session, toolset_cls, env)
+        except Exception as exc:
+            session.construction_error = session.error = (
+                exc if isinstance(exc, ORSError) else self._setup_failed(session, exc)
+            )
+            return None
+        return env
+
+    async def _attach_toolset(self, session: Session, toolset_cls: type, env: Environment) -> Any:
+        try:
+            return await self._run_setup_step(session, functools.partial(toolset_cls, env))
+        except ValueError as exc:
+            # openreward answers a toolset's ValueError (it cannot serve this environment) with a 400.
+            raise self._failure(session, ORSError(errors_pb2.ERROR_REASON_TOOLSET_REFUSED, session.redact(
+                str(exc) or type(exc).__name__))) from None
+
+    def _setup_failed(self, session: Session, exc: Exception) -> ORSError:
+        """A constructor or `setup()` raised: SETUP_FAILED, worded as openreward
+        words it (`Type: message`), the session's secrets masked (it reaches
+        clients and logs)."""
+        message = session.redact(f"{type(exc).__name__}: {exc}")
+        logger.warning("setup_failed error_type=%s error=%s", type(exc).__name__, message)
+        return self._failure(session, ORSError(errors_pb2.ERROR_REASON_SETUP_FAILED, message))
+
+    def _failure(self, session: Session, error: ORSError) -> ORSError:
+        """`error`, its message cut once here (every later call answers it), counted in the stats."""
+        error = ORSError(error.reason, bounded_text(error.message))
+        self.stats.of(session.env_cls).error("setup", error.message)
+        return error
 
     async def _tear_down(self, session: Session) -> None:
         assert session.env is not None
-        if not _overrides(session.env, "teardown"):
+        if not overrides(session.env, "teardown"):
             return
         try:
             await run_user_code(

@@ -27,12 +27,13 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool
+from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool, resolve_tool
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.server_stats import EnvironmentCounters
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
+from ors_grpc._runtime.environment_calls import run_tool
 from ors_grpc._runtime.user_code import run_user_code
 
 __all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask", "call_fingerprint"]
@@ -172,6 +173,9 @@ class SessionToolCalls:
         it (same fingerprint, else IDEMPOTENCY_KEY_REUSED), else a new one,
         `start(key)`, with `key` as its task id. Shared by every kind of call
         that takes a key (CallTool, ScoreGroup)."""
+        if len(key) > MAX_TASK_ID_LENGTH:
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                           f"idempotency_key must be 1 to {MAX_TASK_ID_LENGTH} characters")
         call = self._calls.get(key)
         if call is None:
             call = start(key)
@@ -215,7 +219,12 @@ class SessionToolCalls:
 
     async def _run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""
-        fn = env._resolve_tool(name, self.toolset)
+        try:
+            fn = resolve_tool(env, name, self.toolset)
+        except Exception as exc:  # the constructor of a toolset the environment declares raised
+            message = self._redact(f"{type(exc).__name__}: {exc}")
+            logger.warning("toolset_instantiation_failed tool=%s error=%s", name, message)
+            return CallOutcome(failure=message)
         if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
             return await metrics.timed_tool_call(env, name, _at_once(CallOutcome(result=fn)))
         if self.finished:
@@ -255,7 +264,7 @@ class SessionToolCalls:
         started = time.monotonic()
         try:
             result = await asyncio.wait_for(
-                env._run_tool_fn(name, fn, tool_input, sync_lock=self._sync_lock), self._timeout_s
+                run_tool(env, name, fn, tool_input, sync_lock=self._sync_lock), self._timeout_s
             )
         except asyncio.TimeoutError:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)

@@ -57,7 +57,6 @@ from ors_grpc.authoring.types import (
     ToolResultBlock,
     ToolSpec,
 )
-from ors_grpc._runtime.user_code import run_user_code
 
 __all__ = [
     "Environment",
@@ -67,8 +66,13 @@ __all__ = [
     "flatten_messages",
     "is_concurrent_tool",
     "is_exclusive_tool",
+    "overrides",
+    "resolve_tool",
+    "task_slice",
     "terminal",
     "tool",
+    "tool_argument",
+    "tool_result",
     "tool_specs_of",
 ]
 
@@ -339,7 +343,6 @@ class Environment(ABC):
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         self.task_spec = task_spec
-        self._toolset_instances: dict[type, Any] = {}
 
     def setup(self) -> Optional[Awaitable[None]]:
         """Prepare the episode; runs in the background after creation."""
@@ -353,9 +356,9 @@ class Environment(ABC):
         return self._default_prompt()
 
     async def _default_prompt(self) -> Blocks:
-        if not self._overrides("get_messages"):
+        if not overrides(self, "get_messages"):
             raise NotImplementedError(f"{type(self).__name__} must implement get_prompt() or get_messages().")
-        return flatten_messages(await run_user_code(self.get_messages, on_loop=self.sync_code_on_loop))
+        return flatten_messages(await _awaited(self.get_messages()))
 
     def get_messages(self) -> Union[Sequence[Message], Awaitable[Sequence[Message]]]:
         """The prompt as a role-tagged conversation; by default `get_prompt`'s
@@ -363,15 +366,9 @@ class Environment(ABC):
         return self._default_messages()
 
     async def _default_messages(self) -> list[Message]:
-        if not self._overrides("get_prompt"):
+        if not overrides(self, "get_prompt"):
             raise NotImplementedError(f"{type(self).__name__} must implement get_prompt() or get_messages().")
-        blocks = await run_user_code(self.get_prompt, on_loop=self.sync_code_on_loop)
-        return [Message(role="user", blocks=blocks)]
-
-    @classmethod
-    def _overrides(cls, hook: str) -> bool:
-        """Whether this class replaces the base class's `hook` (a method name)."""
-        return getattr(cls, hook) is not getattr(Environment, hook)
+        return [Message(role="user", blocks=await _awaited(self.get_prompt()))]
 
     async def score_group(self, candidates: Sequence[GroupCandidate]) -> Sequence[Union[GroupScore, float]]:
         """Score a group of candidate completions of this episode's task: one
@@ -380,50 +377,35 @@ class Environment(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not implement score_group().")
 
     @classmethod
-    def _supports_score_group(cls) -> bool:
-        return cls._overrides("score_group")
-
-    @classmethod
     @abstractmethod
     def list_tasks(cls, split: str) -> Union[Sequence[JSONObject], Awaitable[Sequence[JSONObject]]]:
         """All tasks of a split."""
 
     @classmethod
     @abstractmethod
-    @functools.cache
     def list_splits(cls) -> Sequence[Union[Split, str]]:
         """The environment's splits: `Split` objects or bare names."""
 
+    # The server runs the three below through its own runner when a class
+    # keeps them (the runtime's `environment_calls`), so that a slow
+    # synchronous `list_tasks` never stalls its event loop.
+
     @classmethod
     async def num_tasks(cls, split: str) -> int:
-        """The number of tasks of a split (cached per class and split)."""
-        cache: dict[str, int] | None = cls.__dict__.get("_num_tasks_cache")
-        if cache is None:
-            cache = cls._num_tasks_cache = {}
-        if split not in cache:
-            cache[split] = len(await run_user_code(cls.list_tasks, split, on_loop=cls.sync_code_on_loop))
-        return cache[split]
+        """The number of tasks of a split; by default the length of its listing."""
+        return len(await _awaited(cls.list_tasks(split)))
 
     @classmethod
     async def get_task(cls, split: str, index: int) -> JSONObject:
         """Task `index` of a split; by default lists the split and indexes it."""
-        tasks = await run_user_code(cls.list_tasks, split, on_loop=cls.sync_code_on_loop)
-        return tasks[index]
+        return (await _awaited(cls.list_tasks(split)))[index]
 
     @classmethod
     async def get_task_range(
         cls, split: str, start: Optional[int] = None, stop: Optional[int] = None
     ) -> list[JSONObject]:
         """Tasks in [start, stop) of a split, with Python slice conventions."""
-        total = await cls.num_tasks(split)
-        start = 0 if start is None else start
-        stop = total if stop is None else stop
-        if start < 0:
-            start = max(total + start, 0)
-        if stop < 0:
-            stop = max(total + stop, 0)
-        start, stop = min(start, total), min(stop, total)
-        return [await cls.get_task(split, i) for i in range(start, stop)]
+        return [await cls.get_task(split, i) for i in task_slice(await cls.num_tasks(split), start, stop)]
 
     @staticmethod
     def _is_tool(fn: Callable[..., Any]) -> bool:
@@ -476,7 +458,7 @@ class Environment(ABC):
         return ListToolsOutput(
             tools=out,
             terminal_tool=terminal_tool,
-            supports_score_group=cls._supports_score_group(),
+            supports_score_group=overrides(cls, "score_group"),
             message_block_types=list(SUPPORTED_MESSAGE_BLOCK_TYPES),
         )
 
@@ -506,82 +488,108 @@ class Environment(ABC):
         """Tools specific to this episode's task; none by default."""
         return ListToolsOutput(tools=[])
 
-    def _toolset_instance(self, toolset_cls: type) -> Any | None:
-        if toolset_cls not in self._toolset_instances:
-            try:
-                self._toolset_instances[toolset_cls] = toolset_cls(self)
-            except TypeError:
-                try:
-                    self._toolset_instances[toolset_cls] = toolset_cls()
-                except Exception as exc:
-                    logger.error("toolset_instantiation_failed toolset=%s error=%s", toolset_cls.__name__, exc)
-                    return None
-        return self._toolset_instances[toolset_cls]
-
-    def _find_toolset_tool(self, name: str) -> tuple[Callable[..., Any] | None, str | None]:
-        for toolset_cls in self.__class__.toolsets:
-            instance = self._toolset_instance(toolset_cls)
-            candidate = getattr(instance, name, None) if instance is not None else None
-            if candidate is not None and self._is_tool(candidate):
-                return candidate, toolset_cls.__name__
-        return None, None
-
-    def _resolve_tool(
-        self, name: str, session_toolset: Any = None
-    ) -> Union[Callable[..., Any], RunToolOutput]:
-        """The function of tool `name`, or the refusal (not_found,
-        name_collision). A session's toolset comes first: its tools replace
-        same-named ones of the environment."""
-        if session_toolset is not None:
-            session_fn = getattr(session_toolset, name, None)
-            if session_fn is not None and self._is_tool(session_fn):
-                return session_fn
-        env_fn = getattr(self, name, None)
-        has_env_tool = env_fn is not None and self._is_tool(env_fn)
-        toolset_fn, toolset_source = self._find_toolset_tool(name)
-        if has_env_tool and toolset_fn is not None:
-            return RunToolOutput(RunToolError(
-                error=f"Tool name collision: '{name}' is defined in both the environment "
-                f"and toolset '{toolset_source}'. Please rename one of them to avoid conflicts.",
-                reason="name_collision",
-            ))
-        fn = env_fn if has_env_tool else toolset_fn
-        if fn is None:
-            return RunToolOutput(RunToolError(error=f"{name!r} is not a valid tool", reason="not_found"))
-        return fn
-
-    async def _run_tool_fn(
-        self, name: str, fn: Callable[..., Any], input: JSONObject, *, sync_lock: asyncio.Lock | None = None
-    ) -> RunToolOutput:
-        """Validate `input` for tool function `fn` and run it; invalid input
-        is a refusal (input_validation), exceptions of the tool propagate."""
-        model = _input_model(fn)
-        if model is not None:
-            try:
-                arg = model(**input)
-            except ValidationError as exc:
-                return RunToolOutput(RunToolError(
-                    error=f"Tool input validation error: {str(exc.errors())}", reason="input_validation"
-                ))
-            result = await run_user_code(fn, arg, sync_lock=sync_lock, on_loop=self.sync_code_on_loop)
-        else:
-            result = await run_user_code(fn, sync_lock=sync_lock, on_loop=self.sync_code_on_loop)
-        if not isinstance(result, ToolOutput):
-            raise TypeError(f"{name!r} returned {type(result).__name__}; expected ToolOutput")
-        return RunToolOutput(RunToolSuccess(output=result))
-
-    async def _call_tool(
-        self, name: str, input: JSONObject, *, sync_lock: asyncio.Lock | None = None
-    ) -> RunToolOutput:
-        """Run tool `name` on `input` at once (no turn-taking: the service's
-        `tool_calls` adds that); unknown names and invalid input are
-        tool-level errors, exceptions of the tool propagate. `sync_lock`: see
-        `run_user_code`."""
-        fn = self._resolve_tool(name)
+    async def _call_tool(self, name: str, input: JSONObject) -> RunToolOutput:
+        """Run tool `name` on `input` at once, in the caller's thread (the
+        server's `tool_calls` adds turn-taking and its runner); unknown names
+        and invalid input are tool-level errors, exceptions of the tool
+        propagate."""
+        fn = resolve_tool(self, name)
         if isinstance(fn, RunToolOutput):
             return fn
-        return await self._run_tool_fn(name, fn, input, sync_lock=sync_lock)
+        args = tool_argument(fn, input)
+        if isinstance(args, RunToolOutput):
+            return args
+        return tool_result(name, await _awaited(fn(*args)))
 
     @classmethod
     def name(cls) -> str:
         return cls.__name__
+
+
+async def _awaited(value: Any) -> Any:
+    """`value`, awaited if it is awaitable (user code may be sync or async)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def overrides(env: Any, hook: str) -> bool:
+    """Whether an environment (a class or an instance) replaces the base
+    class's `hook` (a method name); an instance may also set it on itself."""
+    cls = env if inspect.isclass(env) else type(env)
+    mine, base = getattr(cls, hook), getattr(Environment, hook)
+    # Classmethods are bound anew at each access: compare their functions.
+    if getattr(mine, "__func__", mine) is not getattr(base, "__func__", base):
+        return True
+    return not inspect.isclass(env) and hook in getattr(env, "__dict__", {})
+
+
+def task_slice(total: int, start: Optional[int], stop: Optional[int]) -> range:
+    """The indices [start, stop) of `total` tasks, with Python slice conventions."""
+    return range(total)[slice(start, stop)]
+
+
+def _declared_toolset(env: Environment, toolset_cls: type) -> Any:
+    """The episode's instance of a toolset its class declares (`toolsets`),
+    built on first use: `toolset_cls(env)`, or `toolset_cls()` for a
+    constructor that takes no environment (decided by its signature, so a
+    TypeError raised inside the constructor reaches the author as it is)."""
+    instances = env.__dict__.setdefault("_toolset_instances", {})
+    if toolset_cls not in instances:
+        try:
+            inspect.signature(toolset_cls).bind(env)
+            takes_env = True
+        except TypeError:
+            takes_env = False
+        instances[toolset_cls] = toolset_cls(env) if takes_env else toolset_cls()
+    return instances[toolset_cls]
+
+
+def _declared_toolset_tool(env: Environment, name: str) -> tuple[Callable[..., Any] | None, str | None]:
+    for toolset_cls in type(env).toolsets:
+        candidate = getattr(_declared_toolset(env, toolset_cls), name, None)
+        if candidate is not None and Environment._is_tool(candidate):
+            return candidate, toolset_cls.__name__
+    return None, None
+
+
+def resolve_tool(env: Environment, name: str, session_toolset: Any = None) -> Union[Callable[..., Any], RunToolOutput]:
+    """The function of tool `name` of an episode, or the refusal (not_found,
+    name_collision). A session's toolset comes first: its tools replace
+    same-named ones of the environment."""
+    if session_toolset is not None:
+        session_fn = getattr(session_toolset, name, None)
+        if session_fn is not None and Environment._is_tool(session_fn):
+            return session_fn
+    env_fn = getattr(env, name, None)
+    has_env_tool = env_fn is not None and Environment._is_tool(env_fn)
+    toolset_fn, toolset_source = _declared_toolset_tool(env, name)
+    if has_env_tool and toolset_fn is not None:
+        return RunToolOutput(RunToolError(
+            error=f"Tool name collision: '{name}' is defined in both the environment "
+            f"and toolset '{toolset_source}'. Please rename one of them to avoid conflicts.",
+            reason="name_collision",
+        ))
+    fn = env_fn if has_env_tool else toolset_fn
+    if fn is None:
+        return RunToolOutput(RunToolError(error=f"{name!r} is not a valid tool", reason="not_found"))
+    return fn
+
+
+def tool_argument(fn: Callable[..., Any], input: JSONObject) -> Union[tuple[Any, ...], RunToolOutput]:
+    """The arguments to call tool function `fn` with for `input` (its input
+    model, or none), or the refusal (input_validation)."""
+    model = _input_model(fn)
+    if model is None:
+        return ()
+    try:
+        return (model(**input),)
+    except ValidationError as exc:
+        return RunToolOutput(RunToolError(
+            error=f"Tool input validation error: {str(exc.errors())}", reason="input_validation"
+        ))
+
+
+def tool_result(name: str, result: Any) -> RunToolOutput:
+    """What tool `name` returned, as a successful call's output."""
+    if not isinstance(result, ToolOutput):
+        raise TypeError(f"{name!r} returned {type(result).__name__}; expected ToolOutput")
+    return RunToolOutput(RunToolSuccess(output=result))

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Union
 
 from ors_grpc.protocol import convert as protocol_convert
 from ors_grpc.protocol import json_text
+from ors_grpc.protocol.enums import RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 from ors_grpc._generated.ors.v1 import environment_service_pb2, types_pb2
 from ors_grpc.authoring.types import (
     GroupCandidate,
@@ -27,13 +28,6 @@ from ors_grpc.authoring.types import (
 )
 
 Block = Union[TextBlock, ImageBlock]
-
-_SPLIT_TYPES = {
-    types_pb2.SPLIT_TYPE_TRAIN: "train",
-    types_pb2.SPLIT_TYPE_VALIDATION: "validation",
-    types_pb2.SPLIT_TYPE_TEST: "test",
-}
-
 
 def json_value(value: Any) -> types_pb2.JsonValue:
     """A JSON value as the wire's JSON text; json_text.JsonLimitError (a
@@ -89,7 +83,7 @@ def tool_output(message: types_pb2.ToolOutput) -> ToolOutput:
 
 
 def split(message: types_pb2.Split) -> Split:
-    return Split(name=message.name, type=_SPLIT_TYPES.get(message.type, "validation"))
+    return Split(name=message.name, type=SPLIT_TYPE.name(message.type, "validation"))
 
 
 def tool_call(name: str, tool_input: Mapping[str, Any], task_id: Optional[str]) -> types_pb2.ToolCall:
@@ -110,7 +104,7 @@ def terminal_tool(listing: Any) -> Optional[TerminalToolSpec]:
 
 def refusal_reason(result: types_pb2.RunToolResult) -> Optional[str]:
     """A refused call's reason (`not_found`, ...), None when the server gave none."""
-    return protocol_convert.RUN_TOOL_ERROR_REASON_NAMES.get(result.reason)
+    return RUN_TOOL_ERROR_REASON.name(result.reason)
 
 
 def messages(wire: Any) -> list[Message]:

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
 from ors_grpc.protocol import json_text
+from ors_grpc.protocol.enums import MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 from ors_grpc.protocol.errors import ORSError, json_limit
 from ors_grpc.authoring.types import (
     GroupCandidate,
@@ -49,29 +50,9 @@ __all__ = [
     "tool_specs_to_proto",
 ]
 
-_SPLIT_TYPES = {
-    "train": types_pb2.SPLIT_TYPE_TRAIN,
-    "validation": types_pb2.SPLIT_TYPE_VALIDATION,
-    "test": types_pb2.SPLIT_TYPE_TEST,
-}
 _BLOCKS = TypeAdapter(list[Union[TextBlock, ImageBlock]])
 _MESSAGES = TypeAdapter(list[Message])
 _SCORES = TypeAdapter(list[Union[GroupScore, float]])
-_ROLES = {
-    "system": types_pb2.MESSAGE_ROLE_SYSTEM,
-    "user": types_pb2.MESSAGE_ROLE_USER,
-    "assistant": types_pb2.MESSAGE_ROLE_ASSISTANT,
-}
-_ROLE_NAMES = {value: name for name, value in _ROLES.items()}
-_RUN_TOOL_ERROR_REASONS = {
-    None: types_pb2.RUN_TOOL_ERROR_REASON_UNSPECIFIED,
-    "not_found": types_pb2.RUN_TOOL_ERROR_REASON_NOT_FOUND,
-    "name_collision": types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION,
-    "input_validation": types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION,
-    "episode_finished": types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED,
-}
-#: RunToolErrorReason values to their JSON names (None: unspecified).
-RUN_TOOL_ERROR_REASON_NAMES = {value: name for name, value in _RUN_TOOL_ERROR_REASONS.items()}
 
 
 def json_value(value: Any, field: str = "the value") -> types_pb2.JsonValue:
@@ -162,7 +143,7 @@ def _message_block_to_proto(block: Any) -> types_pb2.MessageBlock:
 
 def _message_to_proto(message: Message) -> types_pb2.Message:
     return types_pb2.Message(
-        role=_ROLES[message.role],
+        role=MESSAGE_ROLE.value(message.role),
         blocks=[_message_block_to_proto(block) for block in message.blocks],
         detail=_optional_json_value(message.detail, "a message's detail"),
     )
@@ -206,7 +187,7 @@ def block_from_proto(message: types_pb2.Block | types_pb2.MessageBlock, where: s
 def message_from_proto(message: types_pb2.Message, where: str = "message") -> Message:
     """A wire message as the model; ValueError (pydantic's ValidationError
     included) when it is not a valid message; `where` names it in errors."""
-    role = _ROLE_NAMES.get(message.role)
+    role = MESSAGE_ROLE.name(message.role)
     if role is None:
         raise ValueError("a message has no role")
     return Message.model_validate({
@@ -264,16 +245,15 @@ def run_tool_output_to_proto(result: RunToolOutput) -> types_pb2.RunToolResult:
     outcome = result.root
     if outcome.ok:
         return types_pb2.RunToolResult(output=_tool_output_to_proto(outcome.output))
-    return types_pb2.RunToolResult(error=outcome.error, reason=_RUN_TOOL_ERROR_REASONS[outcome.reason])
+    return types_pb2.RunToolResult(error=outcome.error, reason=RUN_TOOL_ERROR_REASON.value(outcome.reason))
 
 
 def split_to_proto(split: Split | str) -> types_pb2.Split:
     """A split; bare names train/validation/test get their own type, any
     other name `validation` (as the reference does)."""
     if isinstance(split, Split):
-        return types_pb2.Split(name=split.name, type=_SPLIT_TYPES[split.type])
-    split_type = _SPLIT_TYPES.get(split, types_pb2.SPLIT_TYPE_VALIDATION)
-    return types_pb2.Split(name=split, type=split_type)
+        return types_pb2.Split(name=split.name, type=SPLIT_TYPE.value(split.type))
+    return types_pb2.Split(name=split, type=SPLIT_TYPE.value_or(split, types_pb2.SPLIT_TYPE_VALIDATION))
 
 
 def task_to_proto(task: Any) -> types_pb2.Task:

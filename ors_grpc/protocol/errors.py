@@ -86,6 +86,7 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
     # Too deep or NaN (json_text's rules): the client's JSON, as any malformed request.
     errors_pb2.ERROR_REASON_JSON_LIMIT: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    errors_pb2.ERROR_REASON_TOOLSET_REFUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
 }
 
 #: Seconds to wait before retrying, per reason: sent as the `retry-after`

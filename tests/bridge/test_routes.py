@@ -201,9 +201,9 @@ async def test_unknown_session(http: aiohttp.ClientSession) -> None:
 async def test_setup_failure_is_a_real_500(http: aiohttp.ClientSession) -> None:
     sid = await create_episode(http, {"env_name": "failingsetupenv", "split": "train", "index": 0})
     async with http.get("/failingsetupenv/prompt", headers={"X-Session-ID": sid}) as response:
-        assert (response.status, await response.json()) == (500, {"detail": "setup exploded"})
+        assert (response.status, await response.json()) == (500, {"detail": "RuntimeError: setup exploded"})
     async with http.post("/failingsetupenv/call", json={"name": "echo", "input": {"text": "x"}}, headers={"X-Session-ID": sid}) as response:
-        assert (response.status, await response.json()) == (500, {"detail": "setup exploded"})
+        assert (response.status, await response.json()) == (500, {"detail": "RuntimeError: setup exploded"})
 
 
 async def test_secrets_from_header_and_body_are_merged(http: aiohttp.ClientSession) -> None:

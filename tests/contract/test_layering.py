@@ -36,7 +36,8 @@ def test_only_the_composition_root_imports_a_door() -> None:
     ("ors_grpc.protocol", ("ors_grpc._runtime", "ors_grpc.client", "ors_grpc.authoring.environment",
                            "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),
     # What authors write against knows nothing of serving or clients.
-    ("ors_grpc.authoring", ("ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),
+    ("ors_grpc.authoring", ("ors_grpc._runtime", "ors_grpc.client", "ors_grpc.serving", "ors_grpc.server",
+                            "ors_grpc.cli", *DOORS)),
     ("ors_grpc.client", ("ors_grpc._runtime", "ors_grpc.authoring.environment", "ors_grpc.serving",
                          "ors_grpc.server", "ors_grpc.cli", *DOORS)),
     ("ors_grpc._runtime", ("ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),

@@ -187,7 +187,7 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 200 and set(ours["body"]) == {"version"},
     ),
     "tools unknown env": (
-        "an unknown environment is a 404 naming the hosted ones (issue 14); the reference 308s to a bare 404",
+        "an unknown environment is a 404 naming the hosted ones; the reference 308s to a bare 404",
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 404
         and ours["body"]["detail"].startswith("unknown environment 'nowhere'; this server hosts: echoenv"),
     ),
@@ -234,15 +234,6 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         "/delete_session also ends the session's episode (proto contract: nothing lingers); "
         "the reference keeps the episode alive until /delete or the reaper",
         lambda ref, ours: ref["status"] == 200 and ours["status"] == 404,
-    ),
-    "prompt setup failed": (
-        "a failed setup's 500 carries the error's message (spec); the reference prefixes the exception type",
-        lambda ref, ours: ref["status"] == ours["status"] == 500
-        and ref["body"]["detail"].endswith(ours["body"]["detail"]) and ours["body"]["detail"] == "setup exploded",
-    ),
-    "call setup failed": (
-        "as for the prompt: the setup error's message, without the exception type",
-        lambda ref, ours: ref["status"] == ours["status"] == 500 and ours["body"]["detail"] == "setup exploded",
     ),
 }
 

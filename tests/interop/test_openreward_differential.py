@@ -44,7 +44,7 @@ from tests.support.differential import (
 
 pytestmark = pytest.mark.timeout(240)
 
-ENVIRONMENTS = ["ConvoEnv", "PlainEnv", "SlowStartEnv"]
+ENVIRONMENTS = ["ConvoEnv", "PlainEnv", "SlowStartEnv", "StrictEnv"]
 TOOLSET = "ScratchpadToolset"
 SETUP_WAIT_S = 1
 
@@ -103,13 +103,14 @@ def call(name: str, **tool_input: Any) -> dict:
     return {"name": name, "input": tool_input}
 
 
-CONVO, PLAIN, SLOW = "/convoenv", "/plainenv", "/slowstartenv"
+CONVO, PLAIN, SLOW, STRICT = "/convoenv", "/plainenv", "/slowstartenv", "/strictenv"
 
 SCENARIO = [
     # Discovery: the new fields of the tool listing
     Step("tools", "GET", f"{CONVO}/tools"),
     Step("tools without terminal or scoring", "GET", f"{PLAIN}/tools"),
     Step("tools bare path", "GET", "/tools"),
+    Step("tools of an unknown environment", "GET", "/nosuchenv/tools"),
     # An episode of the conversation environment
     Step("create", "POST", "/create", {"env_name": "convoenv", "split": "train", "index": 0}, sid="c-1"),
     Step("messages", "GET", f"{CONVO}/messages", sid="c-1"),
@@ -164,6 +165,8 @@ SCENARIO = [
     Step("create unknown toolset", "POST", "/create",
          {"env_name": "convoenv", "split": "train", "index": 0, "toolset_name": "nope"}, sid="t-0"),
     Step("ping after unknown toolset", "POST", "/ping", sid="t-0"),
+    Step("create with an empty toolset name", "POST", "/create",
+         {"env_name": "convoenv", "split": "train", "index": 0, "toolset_name": ""}, sid="t-00"),
     Step("create with toolset", "POST", "/create",
          {"env_name": "convoenv", "split": "train", "index": 1, "toolset_name": "scratchpad"}, sid="t-1"),
     Step("task_tools with toolset", "GET", f"{CONVO}/task_tools", sid="t-1"),
@@ -174,9 +177,35 @@ SCENARIO = [
     Step("call environment terminal tool after finished", "POST", f"{CONVO}/call", call("answer", answer="x"),
          sid="t-1"),
     Step("delete toolset session", "POST", "/delete", sid="t-1"),
+    Step("create with a toolset that refuses the environment", "POST", "/create",
+         {"env_name": "convoenv", "task_spec": {**TASKS[0], "refuse_scratchpad": "no pad for this task"},
+          "toolset_name": "scratchpad"}, sid="t-2"),
+    Step("ping after a refusing toolset", "POST", "/ping", sid="t-2"),
+    Step("create with a toolset that breaks", "POST", "/create",
+         {"env_name": "convoenv", "task_spec": {**TASKS[0], "break_scratchpad": "pad torn"},
+          "toolset_name": "scratchpad"}, sid="t-3"),
+    Step("prompt after a breaking toolset", "GET", f"{CONVO}/prompt", sid="t-3"),
+    # A constructor that rejects the task spec fails the creation; no session is left
+    Step("create rejected by the constructor", "POST", "/create",
+         {"env_name": "strictenv", "task_spec": {"id": 1}}, sid="v-1"),
+    Step("ping after a rejected task spec", "POST", "/ping", sid="v-1"),
+    Step("prompt after a rejected task spec", "GET", f"{STRICT}/prompt", sid="v-1"),
+    Step("call after a rejected task spec", "POST", f"{STRICT}/call", call("open_locker"), sid="v-1"),
+    Step("delete after a rejected task spec", "POST", "/delete", sid="v-1"),
+    Step("create again under the rejected id", "POST", "/create",
+         {"env_name": "strictenv", "split": "train", "index": 0}, sid="v-1"),
+    Step("call on the created episode", "POST", f"{STRICT}/call", call("open_locker"), sid="v-1"),
+    Step("delete the created episode", "POST", "/delete", sid="v-1"),
+    # A setup() that raises: the error keeps its type
+    Step("create jammed", "POST", "/create",
+         {"env_name": "strictenv", "task_spec": {"question": "Open?", "answer": "no", "jam": True}}, sid="j-1"),
+    Step("call after a failed setup", "POST", f"{STRICT}/call", call("open_locker"), sid="j-1"),
+    Step("call after a failed setup, streamed", "POST", f"{STRICT}/call", call("open_locker"), sid="j-1",
+         headers=SSE),
+    Step("delete jammed", "POST", "/delete", sid="j-1"),
     # A setup slower than the servers' bound on waiting for it
     Step("create slow", "POST", "/create",
-         {"env_name": "slowstartenv", "task_spec": {"question": "Ready?", "setup_s": 6}}, sid="s-1"),
+         {"env_name": "slowstartenv", "task_spec": {"question": "Ready?", "setup_s": 12}}, sid="s-1"),
     Step("prompt while starting", "GET", f"{SLOW}/prompt", sid="s-1"),
     Step("messages while starting", "GET", f"{SLOW}/messages", sid="s-1"),
     Step("call while starting", "POST", f"{SLOW}/call", call("ping_tool"), sid="s-1"),
@@ -197,12 +226,12 @@ def same_status_string_detail(reference: dict, ours: dict) -> bool:
     return reference["status"] == ours["status"] == 422 and isinstance(ours["body"]["detail"], str)
 
 
-def names_valid_toolsets(reference: dict, ours: dict) -> bool:
+def names_valid_toolsets(reference: dict, ours: dict, name: str = "nope") -> bool:
     detail = ours["body"]["detail"]
     return (
         reference["status"] == ours["status"] == 400
-        and reference["body"]["detail"].startswith("unknown toolset 'nope'; valid options are [")
-        and detail == "unknown toolset 'nope'; valid options are ['scratchpad']"
+        and reference["body"]["detail"].startswith(f"unknown toolset {name!r}; valid options are [")
+        and detail == f"unknown toolset {name!r}; valid options are ['scratchpad']"
     )
 
 
@@ -221,10 +250,23 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         "0.1.167 lists the tools of the constructed environment at once",
         lambda ref, ours: ref["status"] == 200 and ours == STARTING,
     ),
+    "tools of an unknown environment": (
+        "ours answers 404 naming the hosted environments; openreward redirects to the first one "
+        "(/convoenv/nosuchenv/tools), where the client then gets a bare 404",
+        lambda ref, ours: ref == {"status": 308, "location": "/convoenv/nosuchenv/tools"}
+        and ours["status"] == 404
+        and ours["body"] == {"detail": "unknown environment 'nosuchenv'; this server hosts: "
+                                       "convoenv, plainenv, slowstartenv, strictenv"},
+    ),
     "create unknown toolset": (
         "the valid toolsets are those registered with the server (openreward lists its built-in ones, "
         "which need its platform)",
         names_valid_toolsets,
+    ),
+    "create with an empty toolset name": (
+        "an empty toolset_name is a name, unknown as under openreward (not 'no toolset'); the valid ones "
+        "are ours",
+        lambda ref, ours: names_valid_toolsets(ref, ours, ""),
     ),
 }
 
@@ -295,6 +337,12 @@ def test_scenario_exercises_the_surface(observations: tuple[dict, dict]) -> None
     assert reference["score_group unsupported"]["status"] == 404
     assert reference["prompt while starting"] == STARTING
     assert reference["call toolset terminal tool"]["body"]["result"]["output"]["reward"] == 0.5
+    assert reference["create with a toolset that refuses the environment"]["status"] == 400
+    assert reference["create with a toolset that breaks"]["body"] == {"detail": "RuntimeError: pad torn"}
+    rejected = reference["create rejected by the constructor"]
+    assert rejected["status"] == 500 and rejected["body"]["detail"].startswith("ValidationError: 2 validation errors")
+    assert reference["ping after a rejected task spec"]["status"] == 404
+    assert reference["call after a failed setup"]["body"] == {"detail": "RuntimeError: locker jammed is jammed"}
 
 
 # ----------------------------------------------------------------------------
@@ -369,6 +417,12 @@ async def client_episodes(base_url: str) -> dict[str, Any]:
             # Setup takes 4 s, the servers wait 1 s: the client rides out the 503s.
             seen["slow prompt"] = plain(await session.get_prompt())
             seen["slow call"] = plain(await session.call_tool("ping_tool"))
+
+        strict = api.get("strictenv", variant="strictenv")
+        with pytest.raises(Exception) as rejected:
+            async with strict.session(task={"id": 1}):
+                seen["session opened on a rejected task spec"] = True  # never: it raises at open
+        seen["rejected at session open"] = (type(rejected.value).__name__, str(rejected.value))
     finally:
         await api.aclose()
     return seen

@@ -4,9 +4,6 @@ Content-Security-Policy, without an API key, and shipped in the wheel."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -14,10 +11,8 @@ import aiohttp
 import pytest
 
 from http_bridge._static import CONTENT_SECURITY_POLICY, PLAYGROUND_DIR
-from tests.support.servers import ROOT, ServeProcess
-
-WHEEL_BUILD_TIMEOUT_S = 300
-
+from tests.support.servers import ServeProcess
+from tests.support.wheel import wheel_file_names
 
 @pytest.fixture
 async def http(keyed_server: ServeProcess) -> AsyncIterator[aiohttp.ClientSession]:
@@ -52,10 +47,7 @@ async def test_the_page_and_its_files_need_no_key_and_carry_the_policy(http: aio
 
 
 def test_the_wheel_ships_the_pages(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "-w", str(tmp_path), str(ROOT)], check=True, timeout=WHEEL_BUILD_TIMEOUT_S, capture_output=True)
-    (wheel,) = tmp_path.glob("ors_grpc-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    names = wheel_file_names(tmp_path)
     shipped = {f"http_bridge/playground/{path.name}" for path in PLAYGROUND_DIR.iterdir() if path.is_file()}
     assert shipped and shipped <= names
     assert {"http_bridge/api_docs/index.html", "http_bridge/api_docs/init.js"} <= names

@@ -129,8 +129,8 @@ async def test_a_setup_that_raises_fails_every_waiting_call_through_both_doors()
             http_results, grpc_results = await asyncio.gather(
                 asyncio.gather(*http_waiters), asyncio.gather(*grpc_waiters)
             )
-            assert http_results == [(500, {"detail": "setup exploded late"})] * 5
-            assert grpc_results == [(grpc.StatusCode.FAILED_PRECONDITION, "setup exploded late")] * 5
+            assert http_results == [(500, {"detail": "RuntimeError: setup exploded late"})] * 5
+            assert grpc_results == [(grpc.StatusCode.FAILED_PRECONDITION, "RuntimeError: setup exploded late")] * 5
             # The session itself stays until deleted, and deleting it works.
             async with http.post("/delete", headers=headers) as response:
                 assert response.status == 200

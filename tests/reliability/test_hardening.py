@@ -1,4 +1,4 @@
-"""Hardening found by testing from outside (issue 13), on both HTTP doors
+"""Hardening found by testing from outside, on both HTTP doors
 (`serve --http-port`, whose bridge calls the service in process, and
 `ors-grpc bridge` over a real channel) and on gRPC:
 

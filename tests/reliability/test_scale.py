@@ -1,4 +1,4 @@
-"""Bursts, scale and memory (issue 13), all slow (`pytest -m slow`):
+"""Bursts, scale and memory, all slow (`pytest -m slow`):
 
 - 3,000 RunEpisode streams opened at once are all answered (grpc core's
   default pending-call limits cancelled 500 to 600 of them);

@@ -262,3 +262,32 @@ async def test_a_scoring_cut_before_its_task_id_and_retried_with_its_key_scores_
         attached = [event async for event in stub.ScoreGroup(pb.ScoreGroupRequest(session_id=sid, task_id="score-3"))]
         assert attached == events
         assert (await grpc_stats(stub, sid))["runs"] == {"score_group": 1}
+
+
+async def test_the_documented_invalid_requests_of_keys_and_candidates_say_what_is_wrong_grpc(serve):
+    """The INVALID_REQUEST cases of the proto's comments on the keys and the
+    candidates, each with a message that names the field at fault."""
+    async with grpc_stub(serve.grpc_target) as stub:
+        sid = await grpc_episode(stub, "invalid-keys")
+        long_key = grpc_call_request(sid, "slow", {"seconds": 0.01})
+        long_key.idempotency_key = "x" * 129
+        with_task_id = grpc_call_request(sid, "slow", {"seconds": 0.01}, task_id="t-1")
+        with_task_id.idempotency_key = "k-1"
+        scoring_sid = await grpc_episode(stub, "invalid-candidates", env_name=SCORING_ENV)
+        unspecified_role = pb.ScoreGroupRequest(session_id=scoring_sid)
+        unspecified_role.candidates.add().messages.add().blocks.add().text.text = "no role"
+        long_scoring_key = pb.ScoreGroupRequest(session_id=scoring_sid, idempotency_key="y" * 129)
+        scoring_with_task_id = pb.ScoreGroupRequest(session_id=scoring_sid, idempotency_key="k-2", task_id="t-2")
+        cases = [
+            (stub.CallTool(long_key), "idempotency_key must be 1 to 128 characters"),
+            (stub.CallTool(with_task_id), "give either call.task_id (attach) or idempotency_key, not both"),
+            (stub.ScoreGroup(unspecified_role), "candidates: a message has no role"),
+            (stub.ScoreGroup(long_scoring_key), "idempotency_key must be 1 to 128 characters"),
+            (stub.ScoreGroup(scoring_with_task_id), "give either task_id (attach) or idempotency_key, not both"),
+        ]
+        for call, message in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in call:
+                    pass
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (error_reason(refused.value), refused.value.details()) == ("ERROR_REASON_INVALID_REQUEST", message)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
@@ -64,6 +68,57 @@ async def test_reflection_lists_the_services() -> None:
             replies = [r async for r in reflection.ServerReflectionInfo(iter(requests))]
             names = {s.name for s in replies[0].list_services_response.service}
             assert {"ors.v1.EnvironmentService", "grpc.health.v1.Health"} <= names
+    finally:
+        await server.stop(None)
+
+
+def _reflected(port: int) -> ProtoReflectionDescriptorDatabase:
+    """grpcio-reflection's client database (a real reflection client) onto the server."""
+    return ProtoReflectionDescriptorDatabase(grpc.insecure_channel(f"127.0.0.1:{port}"))
+
+
+async def test_reflection_describes_a_method_with_the_contracts_comments() -> None:
+    """What `grpcurl describe ors.v1.EnvironmentService.CallTool` needs: the
+    method name resolves to its file, served with its comments."""
+    server, port = await create_server([EchoEnv])
+    try:
+        def describe() -> tuple[str, str, list[str]]:
+            database = _reflected(port)
+            method = DescriptorPool(database).FindMethodByName("ors.v1.EnvironmentService.CallTool")
+            file = database.FindFileContainingSymbol("ors.v1.EnvironmentService.CallTool")
+            comments = [location.leading_comments for location in file.source_code_info.location]
+            return method.input_type.full_name, file.name, comments
+
+        input_type, file_name, comments = await asyncio.to_thread(describe)
+        assert (input_type, file_name) == ("ors.v1.CallToolRequest", "ors/v1/environment_service.proto")
+        assert any("task id" in comment for comment in comments)
+    finally:
+        await server.stop(None)
+
+
+async def test_reflection_answers_on_v1_and_v1alpha() -> None:
+    server, port = await create_server([EchoEnv])
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for version in ("v1", "v1alpha"):
+                info = channel.stream_stream(
+                    f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+                    request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                    response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+                )
+                requests = [
+                    reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="ors.v1.EnvironmentService.Nope"),
+                    reflection_pb2.ServerReflectionRequest(
+                        file_containing_symbol=f"grpc.reflection.{version}.ServerReflection"),
+                ]
+                listed, missing, itself = [reply async for reply in info(iter(requests))]
+                assert {s.name for s in listed.list_services_response.service} == {
+                    "ors.v1.EnvironmentService", "grpc.health.v1.Health",
+                    "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
+                assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+                (file,) = itself.file_descriptor_response.file_descriptor_proto
+                assert descriptor_pb2.FileDescriptorProto.FromString(file).package == f"grpc.reflection.{version}"
     finally:
         await server.stop(None)
 

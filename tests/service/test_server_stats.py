@@ -82,7 +82,7 @@ async def test_failed_tools_and_setups_are_the_last_errors_newest_first(stub) ->
     stats = by_name(await stub.GetServerStats(pb.GetServerStatsRequest()))
     assert [(error.source, error.message) for error in stats["echoenv"].recent_errors] == [("tool fail", "***")]
     assert [(error.source, error.message) for error in stats["failingsetupenv"].recent_errors] == [
-        ("setup", "setup exploded")]
+        ("setup", "RuntimeError: setup exploded")]
     assert stats["echoenv"].recent_errors[0].time_unix_ms > 0
 
     await call_tool(stub, sid, "fail")

@@ -23,7 +23,7 @@ def table() -> SessionTable:
 
 async def test_waiter_gets_session_deleted_when_deleted_during_setup() -> None:
     sessions = table()
-    sessions.create("sid", NeverReadyEnv, {"id": 0}, {})
+    await sessions.create("sid", NeverReadyEnv, {"id": 0}, {})
     waiter = asyncio.create_task(sessions.ready("sid"))
     await asyncio.sleep(0)  # let the waiter reach its wait for setup
     await sessions.delete("sid")
@@ -38,7 +38,7 @@ async def test_waiter_gets_session_deleted_when_deleted_during_setup() -> None:
 
 async def test_ready_returns_the_set_up_environment() -> None:
     sessions = table()
-    sessions.create("sid", EchoEnv, {"id": 5}, {"K": "v"})
+    await sessions.create("sid", EchoEnv, {"id": 5}, {"K": "v"})
     session, env = await sessions.ready("sid")
     assert isinstance(env, EchoEnv) and env.task_spec == {"id": 5} and env.secret_names == ["K"]
     assert session.sid == "sid" and sessions.open_count == 1

@@ -122,7 +122,7 @@ async def test_setup_failure_is_reported_to_every_session_call(stub) -> None:
         stub.CallTool(pb.CallToolRequest(session_id=sid, call={"name": "echo"})),
     ]:
         error = await expect_error(call)
-        assert (error.code(), error.details()) == (grpc.StatusCode.FAILED_PRECONDITION, "setup exploded")
+        assert (error.code(), error.details()) == (grpc.StatusCode.FAILED_PRECONDITION, "RuntimeError: setup exploded")
         assert error_reason(error) == "ERROR_REASON_SETUP_FAILED"
     assert (await stub.Ping(pb.PingRequest(session_id=sid))).status == "ok"
 

@@ -199,7 +199,7 @@ async def test_a_prepared_setup_that_failed_surfaces_on_claim_as_a_normal_one_do
                     await session.get_prompt()
             errors.append((failed.value.code, failed.value.reason, failed.value.message))
         assert errors[0] == errors[1] == (
-            grpc.StatusCode.FAILED_PRECONDITION, "ERROR_REASON_SETUP_FAILED", "setup of f exploded"
+            grpc.StatusCode.FAILED_PRECONDITION, "ERROR_REASON_SETUP_FAILED", "RuntimeError: setup of f exploded"
         )
         assert failed_setups() == before + 2
 
@@ -292,8 +292,8 @@ async def test_http_ttl_max_sessions_and_failed_setup(tmp_path: Path):
             async with http.post("/failingwarmenv/prepare", json={"task_specs": [{"tag": "f"}]}) as response:
                 assert response.status == 200, await response.text()
             failing = {"env_name": "failingwarmenv", "task_spec": {"tag": "f"}}
-            assert await http_prompt(http, failing) == (500, "setup of f exploded")
-            assert await http_prompt(http, failing) == (500, "setup of f exploded")
+            assert await http_prompt(http, failing) == (500, "RuntimeError: setup of f exploded")
+            assert await http_prompt(http, failing) == (500, "RuntimeError: setup of f exploded")
             async with http.post("/warmenv/prepare", json={"split": "train"}) as response:
                 assert response.status == 422
                 assert "task_specs" in (await response.json())["detail"]

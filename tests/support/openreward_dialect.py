@@ -211,6 +211,12 @@ class ScratchpadToolset(Toolset):
 
     def __init__(self, env: ConvoEnv) -> None:
         # Like openreward's web toolsets: no sandbox needed, so no Toolset.__init__.
+        # A task may make it refuse the environment (a ValueError, as a toolset
+        # that needs a sandbox does) or break.
+        if "refuse_scratchpad" in env.task_spec:
+            raise ValueError(env.task_spec["refuse_scratchpad"])
+        if "break_scratchpad" in env.task_spec:
+            raise RuntimeError(env.task_spec["break_scratchpad"])
         self.env = env
 
     @classmethod
@@ -275,3 +281,38 @@ class SlowStartEnv(Environment):
     async def ping_tool(self) -> ToolOutput:
         """Answer once setup is done."""
         return ToolOutput(blocks=[TextBlock(text="pong")])
+
+
+class LockerTask(BaseModel):
+    question: str
+    answer: str
+    jam: bool = False
+
+
+class StrictEnv(Environment):
+    """Validates its task spec in the constructor (pydantic), as many
+    published environments do; `jam: true` makes `setup()` raise."""
+
+    def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
+        super().__init__(task_spec, secrets)
+        self.task = LockerTask.model_validate(task_spec)
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[dict]:
+        return [{"question": "Open the locker?", "answer": "yes"}]
+
+    async def setup(self) -> None:
+        if self.task.jam:
+            raise RuntimeError("locker jammed is jammed")
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text=self.task.question)]
+
+    @tool
+    async def open_locker(self) -> ToolOutput:
+        """Open the locker."""
+        return ToolOutput(blocks=[TextBlock(text="opened")], reward=1.0, finished=True)

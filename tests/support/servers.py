@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"^(gRPC|HTTP) listening on (\S+):(\d+)$")
@@ -63,14 +63,15 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
 
 
 @contextmanager
-def start_serve(*args: str, env: Mapping[str, str] | None = None) -> Iterator[ServeProcess]:
-    """Start `python -m ors_grpc.cli serve --port 0 *args` and wait until it listens."""
+def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = None) -> Iterator[ServeProcess]:
+    """Start `python -m ors_grpc.cli serve --port 0 *args` and wait until it
+    listens; its stderr goes to `stderr` (a file), else to the test's."""
     wants_http = "--http-port" in args
     process_env = {**os.environ, **(env or {})}
     process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args],
-        cwd=ROOT, env=process_env, stdout=subprocess.PIPE, text=True, bufsize=1,
+        cwd=ROOT, env=process_env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
     )
     serve = ServeProcess(proc)
     threading.Thread(target=_pump, args=(proc.stdout, serve.lines), daemon=True).start()

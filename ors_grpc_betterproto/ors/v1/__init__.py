@@ -82,8 +82,12 @@ class ErrorReason(betterproto.Enum):
 
     SETUP_FAILED = 9
     """
-    The environment's constructor or `setup()` raised; the message is the
-     error's. FAILED_PRECONDITION.
+    The environment's constructor (or its session toolset's) or `setup()`
+     raised; the message is `Type: message` (secret-masked), as openreward
+     words it. A constructor runs before CreateEpisode answers, so it fails
+     the creation itself (no episode is registered); `setup()` runs after,
+     so its failure answers every later call of the episode that waits for
+     setup. FAILED_PRECONDITION (HTTP 500).
     """
 
     UNKNOWN_TASK_ID = 10
@@ -153,6 +157,15 @@ class ErrorReason(betterproto.Enum):
     The request's `session_id` field and its `x-session-id` metadata name
      different sessions (a load balancer routing by the metadata would have
      sent the call to another session's backend). INVALID_ARGUMENT (HTTP 400).
+    """
+
+    TOOLSET_REFUSED = 26
+    """
+    The session toolset named by CreateEpisodeRequest `toolset_name` refused
+     the episode's environment: its constructor raised ValueError (for
+     example, the environment lacks something the toolset needs); the message
+     is the ValueError's. The creation fails and no episode is registered.
+     INVALID_ARGUMENT (HTTP 400, as openreward answers it).
     """
 
     IDEMPOTENCY_KEY_REUSED = 30
@@ -801,8 +814,9 @@ class CreateEpisodeRequest(betterproto.Message):
     """
     The name of a toolset registered with the server to attach to the
      episode: its tools join the episode's (replacing same-named ones) and its
-     terminal tool, if any, wins. Unset means none; an unknown name fails with
-     UNKNOWN_TOOLSET.
+     terminal tool, if any, wins. Unset means none; any name that is set,
+     the empty one included, must be a registered toolset's, else the call
+     fails with UNKNOWN_TOOLSET (as openreward answers `"toolset_name": ""`).
     """
 
 
@@ -881,9 +895,10 @@ class CallToolRequest(betterproto.Message):
      again, whether the first request's stream broke before or after the
      task id was sent, while the call's result is kept (see CallTool). The
      same key with another tool or input fails with
-     ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with
-     `call.task_id`. The HTTP bridge fills it from the `Idempotency-Key`
-     header of `/call`.
+     ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. A key longer than
+     128 characters, or a key together with `call.task_id`, fails with
+     INVALID_ARGUMENT (ERROR_REASON_INVALID_REQUEST). The HTTP bridge fills
+     it from the `Idempotency-Key` header of `/call`.
     """
 
 
@@ -1212,7 +1227,12 @@ class ScoreGroupRequest(betterproto.Message):
     """The episode's session id."""
 
     candidates: List["GroupCandidate"] = betterproto.message_field(2)
-    """The candidates to score; ignored when `task_id` is set."""
+    """
+    The candidates to score; ignored when `task_id` is set. A candidate
+     that is not a valid transcript (a message whose role is UNSPECIFIED, a
+     block with no content) fails the call with INVALID_ARGUMENT
+     (ERROR_REASON_INVALID_REQUEST).
+    """
 
     task_id: str = betterproto.string_field(3)
     """
@@ -1229,9 +1249,10 @@ class ScoreGroupRequest(betterproto.Message):
      first request's stream broke before or after the task id was sent,
      while the result is kept. The same key with other candidates, or a key
      already used by a tool call, fails with
-     ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with `task_id`.
-     The HTTP bridge fills it from the `Idempotency-Key` header of
-     `/score_group`.
+     ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. A key longer than
+     128 characters, or a key together with `task_id`, fails with
+     INVALID_ARGUMENT (ERROR_REASON_INVALID_REQUEST). The HTTP bridge fills
+     it from the `Idempotency-Key` header of `/score_group`.
     """
 
 

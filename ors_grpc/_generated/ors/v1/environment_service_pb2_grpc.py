@@ -51,7 +51,8 @@ class EnvironmentServiceStub:
     may be larger: set the channel's maximum receive size to the server's limit
     (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
     `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
-    Node `grpc.max_receive_message_length`). A request over the server's limit
+    Node `grpc.max_receive_message_length`, Ruby channel arg
+    `grpc.max_receive_message_length`). A request over the server's limit
     fails with RESOURCE_EXHAUSTED; an answer over it fails with
     RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
     after its `task_id` event).
@@ -205,7 +206,8 @@ class EnvironmentServiceServicer:
     may be larger: set the channel's maximum receive size to the server's limit
     (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
     `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
-    Node `grpc.max_receive_message_length`). A request over the server's limit
+    Node `grpc.max_receive_message_length`, Ruby channel arg
+    `grpc.max_receive_message_length`). A request over the server's limit
     fails with RESOURCE_EXHAUSTED; an answer over it fails with
     RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
     after its `task_id` event).
@@ -284,16 +286,27 @@ class EnvironmentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateEpisode(self, request, context):
-        """Starts an episode in a session. Answers at once; the environment is
-        constructed and set up in the background, and the episode's other RPCs
-        wait for that.
+        """Starts an episode in a session. Answers once the environment's
+        constructor (and its session toolset's) has run; `setup()` runs on in
+        the background, and the episode's other RPCs wait for it. A constructor
+        that raises fails the creation and no episode is registered:
+        FAILED_PRECONDITION (ERROR_REASON_SETUP_FAILED, the message
+        `Type: message`), or INVALID_ARGUMENT (ERROR_REASON_TOOLSET_REFUSED)
+        for a session toolset's ValueError.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetPrompt(self, request, context):
-        """Returns the episode's prompt. Waits for setup.
+        """Returns the episode's prompt. Waits for setup. An environment that
+        implements only `get_messages` answers its messages flattened, as
+        openreward renders them: one user message of text and images is its
+        blocks as they are; otherwise each message opens with a `[role]` text
+        block (detail `{"role": ...}`) and reasoning, tool_call and tool_result
+        blocks become text blocks (`<think>...</think>`, `[tool_call NAME]
+        ARGUMENTS`, `[tool_result]` or `[tool_result (error)]` then its blocks),
+        each with a `detail` naming what it was.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -591,7 +604,8 @@ class EnvironmentService:
     may be larger: set the channel's maximum receive size to the server's limit
     (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
     `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
-    Node `grpc.max_receive_message_length`). A request over the server's limit
+    Node `grpc.max_receive_message_length`, Ruby channel arg
+    `grpc.max_receive_message_length`). A request over the server's limit
     fails with RESOURCE_EXHAUSTED; an answer over it fails with
     RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
     after its `task_id` event).

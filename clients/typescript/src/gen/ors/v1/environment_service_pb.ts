@@ -585,8 +585,9 @@ export type CreateEpisodeRequest = Message<"ors.v1.CreateEpisodeRequest"> & {
   /**
    * The name of a toolset registered with the server to attach to the
    * episode: its tools join the episode's (replacing same-named ones) and its
-   * terminal tool, if any, wins. Unset means none; an unknown name fails with
-   * UNKNOWN_TOOLSET.
+   * terminal tool, if any, wins. Unset means none; any name that is set,
+   * the empty one included, must be a registered toolset's, else the call
+   * fails with UNKNOWN_TOOLSET (as openreward answers `"toolset_name": ""`).
    *
    * @generated from field: optional string toolset_name = 6;
    */
@@ -755,9 +756,10 @@ export type CallToolRequest = Message<"ors.v1.CallToolRequest"> & {
    * again, whether the first request's stream broke before or after the
    * task id was sent, while the call's result is kept (see CallTool). The
    * same key with another tool or input fails with
-   * ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with
-   * `call.task_id`. The HTTP bridge fills it from the `Idempotency-Key`
-   * header of `/call`.
+   * ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. A key longer than
+   * 128 characters, or a key together with `call.task_id`, fails with
+   * INVALID_ARGUMENT (ERROR_REASON_INVALID_REQUEST). The HTTP bridge fills
+   * it from the `Idempotency-Key` header of `/call`.
    *
    * @generated from field: string idempotency_key = 3;
    */
@@ -1433,7 +1435,10 @@ export type ScoreGroupRequest = Message<"ors.v1.ScoreGroupRequest"> & {
   sessionId: string;
 
   /**
-   * The candidates to score; ignored when `task_id` is set.
+   * The candidates to score; ignored when `task_id` is set. A candidate
+   * that is not a valid transcript (a message whose role is UNSPECIFIED, a
+   * block with no content) fails the call with INVALID_ARGUMENT
+   * (ERROR_REASON_INVALID_REQUEST).
    *
    * @generated from field: repeated ors.v1.GroupCandidate candidates = 2;
    */
@@ -1455,9 +1460,10 @@ export type ScoreGroupRequest = Message<"ors.v1.ScoreGroupRequest"> & {
    * first request's stream broke before or after the task id was sent,
    * while the result is kept. The same key with other candidates, or a key
    * already used by a tool call, fails with
-   * ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. Not with `task_id`.
-   * The HTTP bridge fills it from the `Idempotency-Key` header of
-   * `/score_group`.
+   * ERROR_REASON_IDEMPOTENCY_KEY_REUSED. Empty: no key. A key longer than
+   * 128 characters, or a key together with `task_id`, fails with
+   * INVALID_ARGUMENT (ERROR_REASON_INVALID_REQUEST). The HTTP bridge fills
+   * it from the `Idempotency-Key` header of `/score_group`.
    *
    * @generated from field: string idempotency_key = 4;
    */
@@ -1767,7 +1773,8 @@ export const ServerErrorSchema: GenMessage<ServerError> = /*@__PURE__*/
  * may be larger: set the channel's maximum receive size to the server's limit
  * (C++ `SetMaxReceiveMessageSize`, Go `grpc.MaxCallRecvMsgSize`, Java
  * `maxInboundMessageSize`, Python option `grpc.max_receive_message_length`,
- * Node `grpc.max_receive_message_length`). A request over the server's limit
+ * Node `grpc.max_receive_message_length`, Ruby channel arg
+ * `grpc.max_receive_message_length`). A request over the server's limit
  * fails with RESOURCE_EXHAUSTED; an answer over it fails with
  * RESOURCE_EXHAUSTED and ERROR_REASON_MESSAGE_TOO_LARGE (a CallTool stream
  * after its `task_id` event).
@@ -1878,9 +1885,13 @@ export const EnvironmentService: GenService<{
     output: typeof CreateSessionIdResponseSchema;
   },
   /**
-   * Starts an episode in a session. Answers at once; the environment is
-   * constructed and set up in the background, and the episode's other RPCs
-   * wait for that.
+   * Starts an episode in a session. Answers once the environment's
+   * constructor (and its session toolset's) has run; `setup()` runs on in
+   * the background, and the episode's other RPCs wait for it. A constructor
+   * that raises fails the creation and no episode is registered:
+   * FAILED_PRECONDITION (ERROR_REASON_SETUP_FAILED, the message
+   * `Type: message`), or INVALID_ARGUMENT (ERROR_REASON_TOOLSET_REFUSED)
+   * for a session toolset's ValueError.
    *
    * @generated from rpc ors.v1.EnvironmentService.CreateEpisode
    */
@@ -1890,7 +1901,14 @@ export const EnvironmentService: GenService<{
     output: typeof CreateEpisodeResponseSchema;
   },
   /**
-   * Returns the episode's prompt. Waits for setup.
+   * Returns the episode's prompt. Waits for setup. An environment that
+   * implements only `get_messages` answers its messages flattened, as
+   * openreward renders them: one user message of text and images is its
+   * blocks as they are; otherwise each message opens with a `[role]` text
+   * block (detail `{"role": ...}`) and reasoning, tool_call and tool_result
+   * blocks become text blocks (`<think>...</think>`, `[tool_call NAME]
+   * ARGUMENTS`, `[tool_result]` or `[tool_result (error)]` then its blocks),
+   * each with a `detail` naming what it was.
    *
    * @generated from rpc ors.v1.EnvironmentService.GetPrompt
    */
