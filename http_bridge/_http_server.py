@@ -116,11 +116,16 @@ class _HeadBoundParser:
     100 lines of 127 KiB (a 12 MB head) would otherwise be parsed and kept.
     Bytes count toward a head from the end of the previous request's body up
     to the blank line that ends the head; a body's bytes never do. After a
-    refusal the rest of the connection's bytes are dropped."""
+    refusal the rest of the connection's bytes are dropped. A head that holds
+    one line over aiohttp's own line limit is left to aiohttp (400, "line too
+    long") whichever limit its bytes reach first, so that the answer does not
+    depend on how the socket cut them into reads."""
 
-    def __init__(self, parser: Any, max_head_bytes: int, max_headers: int) -> None:
+    def __init__(self, parser: Any, max_head_bytes: int, max_headers: int, max_line_bytes: int) -> None:
         self._parser = parser
         self._max_head_bytes = max_head_bytes
+        self._max_line_bytes = max_line_bytes
+        self._line_bytes = 0  # of the head's last line so far (not yet ended by a newline)
         self._max_lines = max_headers + 1  # and the request line
         self._head_bytes = 0
         self._head_lines = 0
@@ -135,7 +140,7 @@ class _HeadBoundParser:
             self._count_head(data)
         messages, upgraded, tail = self._parser.feed_data(data)
         if messages:
-            self._head_bytes = self._head_lines = 0
+            self._head_bytes = self._head_lines = self._line_bytes = 0
             self._tail = b""
             self._body = messages[-1][1]
         return messages, upgraded, tail
@@ -147,10 +152,23 @@ class _HeadBoundParser:
         self._head_bytes += len(head)
         self._head_lines += head.count(b"\n")
         self._tail = window[-3:]
-        if self._head_bytes > self._max_head_bytes:
+        longest_line = self._longest_line(head)
+        if self._head_bytes > self._max_head_bytes and longest_line <= self._max_line_bytes:
             self._refuse(f"Request head too large (limit {self._max_head_bytes} bytes)")
         if self._head_lines >= self._max_lines + (end < 0):  # the last line's newline is the blank line's
             self._refuse(f"Too many request headers (limit {self._max_lines - 1})")
+
+    def _longest_line(self, head: bytes) -> int:
+        """The longest line `head` ends or continues (counting the line carried
+        over from earlier reads); keeps the length of its unended last line."""
+        first, newline, rest = head.partition(b"\n")
+        longest = self._line_bytes + len(first)
+        if not newline:
+            self._line_bytes = longest
+            return longest
+        lines = rest.split(b"\n")
+        self._line_bytes = len(lines[-1])
+        return max(longest, *map(len, lines))
 
     def _refuse(self, detail: str) -> None:
         self._refused = True
@@ -193,7 +211,7 @@ class _ClientErrorAnswering(RequestHandler):
 
     def bound_heads(self, max_head_bytes: int, max_headers: int) -> None:
         """Refuse request heads over these limits (431); see `_HeadBoundParser`."""
-        self._parser = _HeadBoundParser(self._parser, max_head_bytes, max_headers)
+        self._parser = _HeadBoundParser(self._parser, max_head_bytes, max_headers, self.max_header_bytes)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)

@@ -44,8 +44,11 @@ ROUTES = sorted(
 # ----------------------------------------------------------------------------
 
 
-#: Routes that need no key: /health (the spec), and the API's description (as FastAPI serves it).
-PUBLIC_PATHS = {"/health", "/openapi.json", "/docs"}
+#: Routes that need no key: /health (the spec), the API's description (as FastAPI serves it), and the
+#: playground's page and files (the page asks for the key; every call it makes needs it).
+PUBLIC_PATHS = {"/health", "/openapi.json", "/docs", "/docs/{name}", "/", "/playground/{name}"}
+#: A real file behind each public route with a file name in its path.
+PUBLIC_FILES = {"/docs/{name}": "/docs/init.js", "/playground/{name}": "/playground/app.js"}
 
 # Well-formed bodies: a malformed one is a 422 from the bridge before any
 # call reaches the service (where the key is checked).
@@ -68,7 +71,7 @@ async def test_with_an_api_key_every_http_route_but_health_refuses_requests_with
             for method, path in paths:
                 for headers in ({"X-Session-ID": "s"}, {"X-Session-ID": "s", "X-API-Key": API_KEY + "x"},
                                 {"X-Session-ID": "s", "Authorization": "Bearer wrong"}):
-                    status, payload = await _http_status(http, method, path, headers)
+                    status, payload = await _http_status(http, method, PUBLIC_FILES.get(path, path), headers)
                     if path in PUBLIC_PATHS:
                         assert status == 200
                     else:
@@ -76,7 +79,7 @@ async def test_with_an_api_key_every_http_route_but_health_refuses_requests_with
                         assert API_KEY not in json.dumps(payload)
                 for headers in ({"X-Session-ID": "s", "X-API-Key": API_KEY},
                                 {"X-Session-ID": "s", "Authorization": f"Bearer {API_KEY}"}):
-                    status, _ = await _http_status(http, method, path, headers)
+                    status, _ = await _http_status(http, method, PUBLIC_FILES.get(path, path), headers)
                     assert status != 401, (method, path)
 
 
