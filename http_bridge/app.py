@@ -153,7 +153,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
         seconds = retry_after(exc) or str(RETRY_AFTER_S[errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING])
         headers = {"X-Backend-State": "starting", "Retry-After": seconds}
     elif status in (429, 503):
-        headers = {"Retry-After": "1"}
+        # The service's own retry-after (a draining or full server), else 1 s.
+        headers = {"Retry-After": retry_after(exc) or "1"}
     return _error(detail, status, headers)
 
 

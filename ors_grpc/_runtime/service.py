@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import ipaddress
 import logging
 import time
 import uuid
@@ -37,6 +38,7 @@ from ors_grpc._runtime.tool_calls import ToolCallTask
 from ors_grpc._runtime.user_code import run_user_code
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
+from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
@@ -320,10 +322,11 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     def __init__(
         self, environments: Sequence[type[Environment]], sessions: SessionTable, toolsets: ToolsetRegistry = (),
-        *, max_message_bytes: int | None = None,
+        *, drain: Drain, max_message_bytes: int | None = None,
     ) -> None:
         self._envs = environment_map(environments)
         self._sessions = sessions
+        self._drain = drain
         self._toolsets = toolset_map(toolsets)
         #: Answers larger than this fail with MESSAGE_TOO_LARGE (None: no check).
         self._max_message_bytes = max_message_bytes
@@ -730,3 +733,24 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                 for error in counters.recent_errors()
             ],
         )
+    # Operators --------------------------------------------------------------
+
+    @_unary
+    async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+        if not _is_loopback(context.peer()):
+            raise ORSError(errors_pb2.ERROR_REASON_PEER_NOT_LOCAL,
+                           "Drain is accepted from this host only (a loopback peer)")
+        await self._drain.begin()
+        return pb.DrainResponse(open_sessions=self._sessions.open_count, seconds_left=self._drain.seconds_left)
+
+
+def _is_loopback(peer: str) -> bool:
+    """Whether a grpc peer (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`, `unix:...`) is on this host."""
+    kind, _, address = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

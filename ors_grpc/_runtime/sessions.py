@@ -41,6 +41,7 @@ logger = logging.getLogger("ors_grpc.sessions")
 # to end before giving up on tearing its environment down.
 SETUP_STOP_WAIT_S = 30.0
 ENVIRONMENT_STARTING_MESSAGE = "Environment still starting."
+DRAINING_MESSAGE = "The server is draining: create the episode under a new session id, on another server."
 
 
 def _no_secrets(text: str) -> str:
@@ -88,6 +89,9 @@ class SessionTable:
         self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end, setup_timeout_s=warm_setup_timeout_s)
         #: Per-environment counters for the live view (GetServerStats).
         self.stats = ServerStats()
+        #: Set once the server drains: no new episode from then on.
+        self.draining = False
+        self._emptied: asyncio.Event | None = None
 
     @property
     def open_count(self) -> int:
@@ -139,6 +143,7 @@ class SessionTable:
         api_key: str = "",
     ) -> None:
         """Start episodes of `task_specs` ahead, for `create` to claim (all or none: they count as sessions)."""
+        self._refuse_when_draining()
         self._check_room(len(task_specs))
         for task_spec in task_specs:
             session = self._start(f"warm-{uuid.uuid4()}", env_cls, task_spec, secrets)
@@ -173,10 +178,27 @@ class SessionTable:
         return session
 
     def check_can_create(self, sid: str) -> None:
+        self._refuse_when_draining()
         if sid in self._sessions:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
         if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
             raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def _refuse_when_draining(self) -> None:
+        if self.draining:
+            raise ORSError(errors_pb2.ERROR_REASON_DRAINING, DRAINING_MESSAGE)
+
+    async def start_draining(self) -> None:
+        """Refuse new episodes from now on (DRAINING), and end the prepared
+        ones: no creation can claim them any more."""
+        self.draining = True
+        await self.warm.close()
+
+    async def until_empty(self) -> None:
+        """Returns once the table holds no episode (each was deleted or reaped)."""
+        while self._sessions:
+            self._emptied = asyncio.Event()
+            await self._emptied.wait()
 
     def find(self, sid: str) -> Session | None:
         """The session of `sid` if there is one (not marked active)."""
@@ -210,6 +232,8 @@ class SessionTable:
         session = self._sessions.pop(sid, None)
         if session is None:
             return
+        if not self._sessions and self._emptied is not None:
+            self._emptied.set()
         metrics.session_closed()
         await self.end(session)
         logger.debug("session_deleted")

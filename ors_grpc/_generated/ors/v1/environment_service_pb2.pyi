@@ -483,3 +483,15 @@ class ServerError(_message.Message):
     source: str
     message: str
     def __init__(self, time_unix_ms: _Optional[int] = ..., source: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("open_sessions", "seconds_left")
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    open_sessions: int
+    seconds_left: float
+    def __init__(self, open_sessions: _Optional[int] = ..., seconds_left: _Optional[float] = ...) -> None: ...
