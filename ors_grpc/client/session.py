@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequen
 import grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, Message, TerminalToolSpec, ToolOutput, ToolSpec
 from ors_grpc.client import _convert
 from ors_grpc.client._connection import Connection
@@ -48,6 +49,13 @@ _UNKNOWN_TASK_ID = "ERROR_REASON_UNKNOWN_TASK_ID"
 #: maybe-created episode is deleted first, and the next try has a new id.
 _CREATE_RETRIES = 4
 _CREATE_RETRY_DELAY_S = 0.05
+#: A creation refused by a draining server (nothing was created) is tried
+#: again this many more times under a new session id, backing off: behind a
+#: load balancer another backend takes it.
+_DRAINING = "ERROR_REASON_DRAINING"
+_DRAINING_RETRIES = 8
+_DRAINING_BASE_DELAY_S = 0.05
+_DRAINING_MAX_DELAY_S = 1.0
 #: The session is gone server-side: pinging it again is pointless.
 _SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
 #: A call waited the server's bound for setup; nothing ran, so it is asked again.
@@ -107,11 +115,15 @@ class AsyncSession:
         self._listing: Optional[pb.ListTaskToolsResponse] = None
 
     async def __aenter__(self) -> "AsyncSession":
-        if not (self._stream_episode and await self._create_on_stream()):
-            await self._create_by_rpcs()
+        await _while_draining(self._create)
         self._connection.open_sessions.add(self)
         self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
         return self
+
+    async def _create(self) -> None:
+        """Creates the episode under a new session id, on a stream or by RPCs."""
+        if not (self._stream_episode and await self._create_on_stream()):
+            await self._create_by_rpcs()
 
     async def _create_on_stream(self) -> bool:
         """Creates the episode on a RunEpisode stream (an idle one of the
@@ -148,7 +160,10 @@ class AsyncSession:
                 await asyncio.shield(self._release())
                 raise
         if answer.WhichOneof("step") == "error":
-            pool.give_back(stream)  # no episode on it: it can carry the next one
+            if answer.error.reason == errors_pb2.ERROR_REASON_DRAINING:
+                stream.cancel()  # routed to a server that takes no new episode
+            else:
+                pool.give_back(stream)  # no episode on it: it can carry the next one
             self.session_id = None  # not created (maybe someone else's: never delete it)
             raise ORSServerError.from_step_error(answer.error)
         self._stream = stream
@@ -413,6 +428,22 @@ class AsyncSession:
                 await self._connection.unary(method, request, route_key=self._route_key, timeout=_CLEANUP_TIMEOUT_S)
             except Exception as error:  # never mask the body's own exception
                 logger.warning("%s of session %s failed: %s", method, session_id, error)
+
+
+async def _while_draining(create: Callable[[], Awaitable[None]]) -> None:
+    """`create()`, again (each time under a new session id, which a load
+    balancer hashing `x-session-id` sends elsewhere) while the server it
+    reached is draining: nothing was created. Up to _DRAINING_RETRIES more
+    times, backing off."""
+    for retry in range(_DRAINING_RETRIES + 1):
+        try:
+            return await create()
+        except ORSServerError as error:
+            if error.reason != _DRAINING or retry == _DRAINING_RETRIES:
+                raise
+        delay = min(_DRAINING_BASE_DELAY_S * 2**retry, _DRAINING_MAX_DELAY_S)
+        logger.info("the server is draining; creating the episode again in %gs under a new session id", delay)
+        await asyncio.sleep(delay)
 
 
 async def _while_starting(ask: Callable[[], Awaitable[T]]) -> T:

@@ -4,6 +4,7 @@ import { randomUUID } from "node:crypto";
 import { Connection, type ORSClientOptions } from "./connection.js";
 import { Episode } from "./episode.js";
 import { EpisodeStream } from "./episode_stream.js";
+import { whileDraining } from "./draining.js";
 import { rpc } from "./errors.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
 import { toToolListing, type ToolListing } from "./messages.js";
@@ -162,14 +163,17 @@ export class Environment {
   /**
    * Starts an episode with one RPC per step (CreateEpisode, then GetPrompt,
    * CallTool, ...). Close it when done (`await episode.close()`, or
-   * `await using episode = ...`).
+   * `await using episode = ...`). A creation refused by a draining server
+   * is made again under a new session id (see `episode.sessionId`).
    */
   async createEpisode(task: TaskSource, options: EpisodeOptions = {}): Promise<Episode> {
-    const sessionId = options.sessionId ?? randomUUID();
-    const route = { connection: this.connection, sessionId, routeKey: sessionId };
-    const request = createEpisodeRequest(sessionId, this.name, task, options);
-    await rpc(this.service.createEpisode(request, this.connection.routed(sessionId)));
-    return new Episode(route);
+    return whileDraining(async (retry) => {
+      const sessionId = (retry === 0 ? options.sessionId : undefined) ?? randomUUID();
+      const route = { connection: this.connection, sessionId, routeKey: sessionId };
+      const request = createEpisodeRequest(sessionId, this.name, task, options);
+      await rpc(this.service.createEpisode(request, this.connection.routed(sessionId)));
+      return new Episode(route);
+    });
   }
 
   private get service() {
