@@ -449,8 +449,9 @@ async def prepare_episodes(request: web.Request) -> web.Response:
     """Warm episodes: set up episodes of the given tasks ahead, for `/create` to claim."""
     body = await _body(request, convert.PrepareBody)
     header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
-    rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets)
-    response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request))
+    session_id = request.headers.get("X-Session-ID")
+    rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets, session_id)
+    response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"preparing": response.preparing, "ttl_seconds": response.ttl_seconds})
 
 

@@ -248,6 +248,21 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
     return stream_sid
 
 
+def _ids_to_reserve(request: pb.PrepareEpisodesRequest, count: int, routed: str) -> list[str]:
+    """The session ids a PrepareEpisodes request reserves (none, or one per
+    episode); with `x-session-id` metadata (`routed`), exactly that one."""
+    session_ids = [sid.strip() for sid in request.session_ids]
+    if not session_ids:
+        return []
+    if len(session_ids) != count or not all(session_ids) or len(set(session_ids)) != count:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                       "session_ids must be one non-empty, distinct id per episode")
+    if routed and session_ids != [routed]:
+        raise ORSError(errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH,
+                       "a request routed by x-session-id must reserve exactly that one session id")
+    return session_ids
+
+
 def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
     """A call's input object ({} when unset)."""
     return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
@@ -669,7 +684,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     ) -> pb.PrepareEpisodesResponse:
         env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
         task_specs = await self._tasks_to_prepare(env_cls, request)
-        self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context))
+        session_ids = _ids_to_reserve(request, len(task_specs), _metadata_session_id(context))
+        self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context), session_ids)
         return pb.PrepareEpisodesResponse(preparing=len(task_specs), ttl_seconds=self._sessions.warm.ttl_s)
 
     @_unary

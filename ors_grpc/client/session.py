@@ -96,9 +96,13 @@ class AsyncSession:
         ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
         reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
         stream_episode: bool = True,
+        session_id: Optional[str] = None,
     ) -> None:
         self.env_name = env_name
         self.session_id: Optional[str] = None
+        #: The caller's id for the first creation (a prepared episode reserved
+        #: for it, say); a retry creates under a new id.
+        self._requested_id = session_id
         self._connection = connection
         self._create_request = create_request
         self._ping_interval_s = ping_interval_s
@@ -131,12 +135,15 @@ class AsyncSession:
         (an older ors-grpc)."""
         # Minted here, not by the server: a new stream is routed by it (load
         # balancers hash `x-session-id`), and an episode whose creation was
-        # cut short can still be deleted.
-        self.session_id = self._create_request.session_id = str(uuid.uuid4())
+        # cut short can still be deleted. The caller's id gets a stream of
+        # its own, routed by it to the backend that may hold its prepared episode.
+        requested = self._requested_id
+        self._requested_id = None
+        self.session_id = self._create_request.session_id = requested or str(uuid.uuid4())
         pool = self._connection.episode_streams
         retries = 0
         while True:
-            stream = pool.take(self.session_id)
+            stream = pool.take(self.session_id, reuse=requested is None)
             self._route_key = stream.route_key
             try:
                 answer = await stream.ask(pb.RunEpisodeRequest(create=self._create_request))
@@ -144,6 +151,7 @@ class AsyncSession:
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self.session_id = self._route_key = None
+                    self._requested_id = requested  # for the creation by RPCs
                     return False
                 await asyncio.shield(self._release())  # the server may have created it
                 if not _broke_or_refused(error) or retries == _CREATE_RETRIES:
@@ -155,6 +163,7 @@ class AsyncSession:
                 else:
                     await asyncio.sleep(_CREATE_RETRY_DELAY_S * 2**retries)
                 retries += 1
+                requested = None
                 self.session_id = self._create_request.session_id = str(uuid.uuid4())
             except BaseException:  # cancelled: the server may have created it already
                 await asyncio.shield(self._release())
@@ -170,8 +179,10 @@ class AsyncSession:
         return True
 
     async def _create_by_rpcs(self) -> None:
-        minted = await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())
-        self.session_id = self._route_key = minted.session_id
+        requested, self._requested_id = self._requested_id, None
+        if requested is None:
+            requested = (await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())).session_id
+        self.session_id = self._route_key = requested
         self._create_request.session_id = self.session_id
         try:
             await self._unary("CreateEpisode", self._create_request)

@@ -64,6 +64,14 @@ export class ORSClient implements Disposable {
 export interface PrepareOptions {
   /** Secrets for the environments' constructors: a creation must carry exactly these to claim an episode. */
   secrets?: Record<string, string>;
+  /**
+   * One session id per task (e.g. `randomUUID()` each): each episode is
+   * reserved for the creation under that id (`createEpisode(task, { sessionId })`,
+   * or on a stream opened with that id as its route key), and prepared by a
+   * request of its own routed by it (`x-session-id`), so that behind a load
+   * balancer hashing it the prepare and the creation reach one backend.
+   */
+  sessionIds?: string[];
 }
 
 /** What `Environment.prepare` started. */
@@ -137,9 +145,26 @@ export class Environment {
    * the server keeps one unclaimed once its setup ended.
    */
   async prepare(tasks: JsonObject[] | { split: string; indices: number[] }, options: PrepareOptions = {}): Promise<Prepared> {
-    const request = { envName: this.name, ...taskSelection(tasks), secrets: options.secrets ?? {} };
-    const { preparing, ttlSeconds } = await rpc(this.service.prepareEpisodes(request));
-    return { preparing: Number(preparing), ttlSeconds };
+    const base = { envName: this.name, secrets: options.secrets ?? {} };
+    const { sessionIds } = options;
+    if (sessionIds === undefined) {
+      const { preparing, ttlSeconds } = await rpc(this.service.prepareEpisodes({ ...base, ...taskSelection(tasks) }));
+      return { preparing: Number(preparing), ttlSeconds };
+    }
+    // One request per reserved id, routed by it.
+    const entries = Array.isArray(tasks)
+      ? tasks.map((spec) => ({ taskSpecs: [jsonValue(spec)] }))
+      : tasks.indices.map((index) => ({ split: tasks.split, indices: [BigInt(index)] }));
+    if (sessionIds.length !== entries.length) throw new RangeError("pass one session id per task");
+    const answers = await Promise.all(
+      entries.map((entry, position) => {
+        const sessionId = sessionIds[position]!;
+        const request = { ...base, ...entry, sessionIds: [sessionId] };
+        return rpc(this.service.prepareEpisodes(request, this.connection.routed(sessionId)));
+      }),
+    );
+    const preparing = answers.reduce((sum, answer) => sum + Number(answer.preparing), 0);
+    return { preparing, ttlSeconds: answers[0]?.ttlSeconds ?? 0 };
   }
 
   /**

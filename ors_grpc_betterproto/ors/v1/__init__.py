@@ -1157,6 +1157,17 @@ class PrepareEpisodesRequest(betterproto.Message):
      of the episodes. Never logged, echoed or persisted.
     """
 
+    session_ids: List[str] = betterproto.string_field(6)
+    """
+    Session ids to reserve, one per episode in order (as many as the
+     tasks, each unique and not in use); empty reserves none, and the
+     episodes are claimed by task. A creation under one of these ids claims
+     that very episode (see PrepareEpisodes). When the request carries
+     `x-session-id` metadata, it must reserve exactly that one id
+     (ERROR_REASON_SESSION_ID_MISMATCH otherwise), so that it was routed
+     where the id's creation will be.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class PrepareEpisodesResponse(betterproto.Message):

@@ -429,6 +429,13 @@ class EnvironmentServiceServicer:
         ended is torn down with `teardown()`, and one whose setup has not ended
         within the server's warm setup timeout after the prepare is cancelled
         and torn down. Either frees its place in the session limit.
+
+        With `session_ids` each episode is reserved for its id instead: only a
+        creation under that session id claims it (the same environment, task,
+        secrets and key still required), and a creation by task alone never
+        takes it. Behind a load balancer hashing `x-session-id`, send one
+        request per id with that id as `x-session-id`: the prepare then reaches
+        the backend the creation will reach.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
