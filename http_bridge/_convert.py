@@ -139,6 +139,7 @@ class PrepareBody(Body):
     split: Optional[str] = None
     indices: Optional[list[int]] = None
     secrets: Optional[dict[str, str]] = None
+    session_ids: Optional[list[str]] = None
 
     @model_validator(mode="after")
     def _one_task_source(self) -> "PrepareBody":
@@ -425,15 +426,19 @@ def idempotency_key(header: Optional[str]) -> str:
 
 
 def prepare_episodes_request(
-    env_name: str, body: PrepareBody, header_secrets: dict[str, str]
+    env_name: str, body: PrepareBody, header_secrets: dict[str, str], header_session_id: Optional[str] = None,
 ) -> service_pb2.PrepareEpisodesRequest:
-    """The PrepareEpisodes request of a `/{env}/prepare` body; body secrets win over the header's."""
+    """The PrepareEpisodes request of a `/{env}/prepare` body; body secrets win
+    over the header's. The episodes are reserved for the body's `session_ids`,
+    else for the `X-Session-ID` header's id (one episode, routed by it)."""
+    session_ids = body.session_ids or ([header_session_id] if header_session_id else [])
     return service_pb2.PrepareEpisodesRequest(
         env_name=env_name,
         task_specs=[_json_value(spec, f"task_specs[{i}]") for i, spec in enumerate(body.task_specs or ())],
         split=body.split or "",
         indices=[_int64(index) for index in body.indices or ()],
         secrets={**header_secrets, **(body.secrets or {})},
+        session_ids=session_ids,
     )
 
 

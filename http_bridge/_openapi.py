@@ -358,11 +358,19 @@ OPERATIONS: tuple[Operation, ...] = (
               extra={"parameters": [_idempotency_key_header("scoring", "scoring again",
                                                              "other candidates, or a tool call")]}),
     Operation("post", "/{env}/prepare", "prepare_episodes", "Extension: set episodes up ahead (warm episodes)",
-              "extensions", "Preparing", body="PrepareBody", errors=(400, 404, 429),
+              "extensions", "Preparing", body="PrepareBody", errors=(400, 404, 429, 503),
               description="Not in ORS. Each entry has the server construct the environment and run `setup()` "
                           "in the background; a later `/create` of the same task, secrets and API key claims "
                           "one at once. Unclaimed ones are torn down after `--warm-ttl` seconds; one whose "
-                          "setup has not ended `--warm-setup-timeout` seconds after its prepare is cancelled."),
+                          "setup has not ended `--warm-setup-timeout` seconds after its prepare is cancelled. With "
+                          "`session_ids` (one per entry), or an `X-Session-ID` header (one entry), each is "
+                          "reserved for the `/create` under that session id; behind a load balancer hashing "
+                          "`X-Session-ID`, send one request per id with the header. 503 while the server "
+                          "drains.",
+              extra={"parameters": [{
+                  "name": "X-Session-ID", "in": "header", "required": False, "schema": {"type": "string"},
+                  "description": "Reserve the one episode of this request for the `/create` under this id.",
+              }]}),
     Operation("post", "/{env}/cancel_prepared", "cancel_prepared_episodes",
               "Extension: cancel episodes set up ahead (warm episodes)", "extensions", "Cancelled",
               body="CancelPreparedBody", errors=(400, 404, 422),

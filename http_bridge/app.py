@@ -153,7 +153,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
         seconds = retry_after(exc) or str(RETRY_AFTER_S[errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING])
         headers = {"X-Backend-State": "starting", "Retry-After": seconds}
     elif status in (429, 503):
-        headers = {"Retry-After": "1"}
+        # The service's own retry-after (a draining or full server), else 1 s.
+        headers = {"Retry-After": retry_after(exc) or "1"}
     return _error(detail, status, headers)
 
 
@@ -448,8 +449,9 @@ async def prepare_episodes(request: web.Request) -> web.Response:
     """Warm episodes: set up episodes of the given tasks ahead, for `/create` to claim."""
     body = await _body(request, convert.PrepareBody)
     header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
-    rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets)
-    response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request))
+    session_id = request.headers.get("X-Session-ID")
+    rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets, session_id)
+    response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"preparing": response.preparing, "ttl_seconds": response.ttl_seconds})
 
 

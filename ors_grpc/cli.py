@@ -2,12 +2,15 @@
 
     ors-grpc serve [MODULE:CLASS ...] [--host H] [--port P] [--http-port P] ...
     ors-grpc bridge --backend HOST:PORT [--host H] [--http-port P]
+    ors-grpc drain HOST:PORT [--wait]
 
 Both take `--metrics-port P` to serve Prometheus metrics at /metrics.
 
 Once every door accepts connections, each prints `gRPC listening on HOST:PORT` /
 `HTTP listening on HOST:PORT` / `metrics listening on HOST:PORT` (port 0 picks a free port), then one line names
-the environments and doors. SIGINT and SIGTERM stop gracefully: no new work, every session torn down, exit status 0.
+the environments and doors. SIGTERM (or `ors-grpc drain`) drains `serve`: health NOT_SERVING, new episodes
+refused (DRAINING), the open ones served until they end or --drain-timeout passes; SIGINT, or a second signal, stops at
+once. Either way the stop is graceful: no new work, every session torn down, exit status 0.
 A startup mistake (a bad environment or port, a port in use, a TLS file missing) is one line on stderr and exit
 status 2; nothing is announced before every door is bound.
 """
@@ -34,6 +37,7 @@ from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
 from ors_grpc.authoring.environment import Environment  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
+    DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
     DEFAULT_SETUP_WAIT_S,
@@ -127,6 +131,17 @@ def _positive_number(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def _non_negative_number(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 included."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (0 <= value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """A usage mistake is one line on stderr (and exit status 2), pointing at --help."""
 
@@ -151,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     log_level = {"type": str.upper, "choices": LOG_LEVELS, "metavar": "LEVEL"}
     levels = ", ".join(LOG_LEVELS)
     parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL, help=f"logging level on stderr: {levels}", **log_level)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bridge}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bridge,drain}")
     # Subcommand options too (`ors-grpc serve --log-level DEBUG`); SUPPRESS
     # keeps the main parser's value when it is not given here.
     sub_log_level = {
@@ -193,8 +208,23 @@ def _parser() -> argparse.ArgumentParser:
                        help="register a Toolset that episodes may attach by name (toolset_name); repeatable")
     serve.add_argument("--setup-wait", type=_positive_number(float), default=DEFAULT_SETUP_WAIT_S, metavar="SECONDS",
                        help="seconds a session call waits for setup before answering 'still starting' (503)")
+    serve.add_argument("--drain-timeout", type=_non_negative_number, default=DEFAULT_DRAIN_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served before "
+                            "they are ended (0: at once); new episodes are refused meanwhile")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
+
+    drain = commands.add_parser(
+        "drain", help="drain a running `ors-grpc serve` on this host", formatter_class=formatter,
+        description="Ask an `ors-grpc serve` on this host to drain (as SIGTERM does): it turns NOT_SERVING, "
+                    "refuses new episodes, serves those it has until they end or its --drain-timeout "
+                    "passes, then exits.",
+    )
+    drain.add_argument("target", type=_backend_target, metavar="HOST:PORT", help="the server's gRPC door (plaintext)")
+    drain.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
+    drain.add_argument("--wait", action="store_true", help="report until the server has exited")
+    drain.add_argument("--log-level", **sub_log_level)
 
     bridge = commands.add_parser(
         "bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend", formatter_class=formatter,
@@ -253,6 +283,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,
+        drain_timeout_s=args.drain_timeout,
     )
     toolsets = [load_toolset(spec) for spec in args.toolsets]
     await serving.serve(environments, host=args.host, port=args.port, http_port=args.http_port,
@@ -270,6 +301,14 @@ async def _bridge(args: argparse.Namespace) -> None:
                          options=options, http_limits=_http_limits(args))
 
 
+async def _drain(args: argparse.Namespace) -> None:
+    try:
+        await serving.drain(args.target, api_key=args.api_key, wait=args.wait)
+    except serving.DrainError as exc:
+        print(f"ors-grpc drain: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level,
@@ -284,7 +323,7 @@ def _configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     _configure_logging(args.log_level)
-    command = _serve if args.command == "serve" else _bridge
+    command = {"serve": _serve, "bridge": _bridge, "drain": _drain}[args.command]
     try:
         with asyncio.Runner(loop_factory=_fastest_event_loop()) as runner:
             runner.run(command(args))

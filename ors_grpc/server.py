@@ -37,7 +37,8 @@ class Server:
 
     `run` serves the ORS HTTP API on `port` (through the HTTP bridge, so
     existing ORS clients work unchanged) and gRPC on `grpc_port`, until
-    SIGINT or SIGTERM.
+    SIGINT, or until SIGTERM has drained it (`config.drain_timeout_s`; see
+    docs/deployment.md, "Draining a backend").
     """
 
     def __init__(
@@ -59,7 +60,7 @@ class Server:
         self.return_errors = return_errors
 
     def run(self, host: str = "0.0.0.0", port: int = 8080, *, grpc_port: int = 50051) -> None:
-        """Serve until SIGINT/SIGTERM, then tear every session down."""
+        """Serve until SIGINT or a drain (SIGTERM), then tear every session left down."""
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO)
         asyncio.run(serving.serve(self.environments, host=host, port=grpc_port, http_port=port,

@@ -1,5 +1,5 @@
 """The composition root: binds every door of a process, announces them, and
-stops them together on SIGINT/SIGTERM.
+stops them together on SIGINT, or once SIGTERM has drained the server.
 
 `serve` runs the gRPC service (``ors_grpc._runtime``) with, on request, the
 HTTP door (``http_bridge``) in the same event loop over the in-process
@@ -24,14 +24,19 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Awaitable, Iterator, Sequence
 
+import grpc
+
 from http_bridge import HttpLimits, start_bridge
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
 from ors_grpc._runtime.service import environment_map
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
-from ors_grpc.protocol.constants import DEFAULT_MAX_MESSAGE_BYTES
+from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["BridgeOptions", "HttpLimits", "StartupError", "bridge", "check_environments", "serve"]
+__all__ = ["BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments", "drain", "serve"]
 
 #: Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
@@ -64,9 +69,12 @@ async def serve(
     http_limits: HttpLimits = HttpLimits(),
     toolsets: Any = (),
 ) -> None:
-    """Serve gRPC (and the HTTP door on `http_port`) until SIGINT/SIGTERM,
-    announcing the doors once all are bound; then stop gracefully.
-    With TLS both doors serve it, from the same certificate and key."""
+    """Serve gRPC (and the HTTP door on `http_port`), announcing the doors
+    once all are bound, until SIGINT, or until SIGTERM (or the Drain RPC)
+    has drained the server (`Drain`; a second signal cuts the drain short);
+    then stop gracefully: running calls get a short grace, and every
+    session left is torn down. With TLS both doors serve it, from the same
+    certificate and key."""
     names = check_environments(environments)
     ssl_context = https_context(config.tls_cert, config.tls_key)
     await _bind("gRPC", host, port, _probe_port(host, port))
@@ -75,7 +83,7 @@ async def serve(
     )
     runners: list[Any] = []
     try:
-        with _stop_signals() as stop:
+        with _serve_signals() as signals:
             bound_http_port = None
             if http_port is not None:
                 # Same process: the door calls the service without a socket
@@ -89,13 +97,46 @@ async def serve(
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
             _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
                             scheme=_scheme(ssl_context), serving=_serving_line(names))
-            await stop.wait()
+            await _until_drained_or_stopped(server.drain, signals)
     finally:
         # All at once: an HTTP call waiting on a running tool ends when the
         # gRPC stop cancels its stream after the grace period; stopping HTTP
         # first would wait for it for aiohttp's shutdown timeout (60 s).
         await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
     logger.info("server_stopped")
+
+
+#: Seconds between the progress reports of `drain --wait`.
+DRAIN_POLL_S = 1.0
+
+
+async def drain(target: str, *, api_key: str | None = None, wait: bool = False) -> None:
+    """Ask the `ors-grpc serve` at `target` (on this host) to drain, printing
+    how many episodes it holds; with `wait`, report until it has exited.
+    A refusal or an unreachable server is a `DrainError`."""
+    metadata = ((API_KEY_METADATA_KEY, api_key),) if api_key else ()
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.EnvironmentServiceStub(channel)
+        reported = None
+        while True:
+            try:
+                answer = await stub.Drain(pb.DrainRequest(), metadata=metadata)
+            except grpc.aio.AioRpcError as error:
+                if reported is not None and error.code() == grpc.StatusCode.UNAVAILABLE:
+                    print(f"{target} has stopped", flush=True)
+                    return
+                raise DrainError(f"{target}: {error.code().name}: {error.details()}") from None
+            if answer.open_sessions != reported:
+                print(f"{target} is draining: {answer.open_sessions} episodes open, "
+                      f"{answer.seconds_left:.0f} s left", flush=True)
+                reported = answer.open_sessions
+            if not wait:
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+
+
+class DrainError(Exception):
+    """`drain` could not drain its target: the CLI prints it as one line and exits with status 1."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +184,59 @@ async def bridge(
             await stop.wait()
     finally:
         await asyncio.gather(*(r.cleanup() for r in runners))
+
+
+class _ServeSignals:
+    """What the stop signals of `serve` asked for: the first SIGTERM a drain;
+    SIGINT, or any signal after the first, a stop at once."""
+
+    def __init__(self) -> None:
+        self.drain = asyncio.Event()
+        self.stop = asyncio.Event()
+
+    def received(self, signum: int) -> None:
+        if signum == signal.SIGTERM and not (self.drain.is_set() or self.stop.is_set()):
+            self.drain.set()
+        else:
+            self.stop.set()
+
+
+@contextlib.contextmanager
+def _serve_signals() -> Iterator[_ServeSignals]:
+    """SIGINT and SIGTERM from now on (see `_ServeSignals`); taken before any
+    door is announced, as `_stop_signals`."""
+    signals = _ServeSignals()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, signals.received, signum)
+    try:
+        yield signals
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+async def _until_drained_or_stopped(drain: Drain, signals: _ServeSignals) -> None:
+    """Serve until a stop; or until a drain (SIGTERM or the Drain RPC) has
+    seen every episode end or timed out, unless a stop cuts it short."""
+    await _first_of(signals.stop.wait(), signals.drain.wait(), drain.begun.wait())
+    if signals.stop.is_set():
+        return
+    await drain.begin()
+    await _first_of(signals.stop.wait(), drain.until_done())
+    if signals.stop.is_set():
+        logger.warning("drain_cut_short open_sessions=%d", drain.open_sessions)
+
+
+async def _first_of(*waits: Awaitable[Any]) -> None:
+    """Returns when the first of `waits` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @contextlib.contextmanager

@@ -262,7 +262,7 @@ class Topology:
         if self.nginx is not None:
             self.nginx.stop()  # SIGTERM: nginx's fast shutdown
         for backend in self.backends:
-            backend.child.stop()
+            backend.child.stop(signal.SIGINT)  # at once: SIGTERM would drain the episodes still open
         if not self.keep_workdir and hasattr(self, "workdir"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 

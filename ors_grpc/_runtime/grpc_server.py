@@ -25,12 +25,14 @@ from ors_grpc.authoring.environment import Environment
 from ors_grpc.observability import metrics
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import ORSError, abort
+from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
 from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc.protocol.constants import (
     API_KEY_METADATA_KEY,
+    DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RESULT_LINGER_S,
     DEFAULT_SESSION_TIMEOUT_S,
@@ -90,6 +92,8 @@ class ServerConfig:
     #: Seconds a session call waits for the episode's setup before failing
     #: with ENVIRONMENT_STARTING (HTTP 503), to be retried.
     setup_wait_s: float = DEFAULT_SETUP_WAIT_S
+    #: Seconds a draining server serves the episodes it holds before ending them.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -266,7 +270,10 @@ async def create_server(
         setup_wait_s=config.setup_wait_s,
         warm_setup_timeout_s=config.warm_setup_timeout_s,
     )
-    service = EnvironmentService(environments, sessions, toolsets, max_message_bytes=config.max_message_bytes)
+    health_servicer = health.aio.HealthServicer()
+    drain = Drain(sessions, health_servicer, config.drain_timeout_s)
+    service = EnvironmentService(environments, sessions, toolsets, drain=drain,
+                                 max_message_bytes=config.max_message_bytes)
     # Metrics first: it also counts the calls the key check rejects.
     interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
     interceptors[:0] = tracing.server_interceptors()  # when on, before all: its span covers the whole call
@@ -288,7 +295,6 @@ async def create_server(
         service, pb_grpc.add_EnvironmentServiceServicer_to_server, interceptors,
         max_message_bytes=config.max_message_bytes,
     )
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     add_reflection([SERVICE_NAME, health.SERVICE_NAME], server)
     credentials = _server_credentials(config)
@@ -305,7 +311,7 @@ async def create_server(
     sessions.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, sessions, health_servicer, in_process), port
+    return RunningServer(server, sessions, health_servicer, in_process, drain), port
 
 
 class RunningServer:
@@ -317,7 +323,7 @@ class RunningServer:
 
     def __init__(
         self, grpc_server: grpc.aio.Server, sessions: SessionTable, health_servicer: Any,
-        in_process_channel: InProcessChannel,
+        in_process_channel: InProcessChannel, drain: Drain,
     ) -> None:
         self.grpc_server = grpc_server
         self.sessions = sessions
@@ -326,6 +332,8 @@ class RunningServer:
         #: (the doors of `ors-grpc serve`): the same handlers and
         #: interceptors, no socket.
         self.in_process_channel = in_process_channel
+        #: Its drain (`drain.begin()`, then `await drain.until_done()`, then `stop`).
+        self.drain = drain
 
     async def stop(self, grace: float | None) -> None:
         await self.health.enter_graceful_shutdown()

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import ipaddress
 import logging
 import time
 import uuid
@@ -37,6 +38,7 @@ from ors_grpc._runtime.tool_calls import ToolCallTask
 from ors_grpc._runtime.user_code import run_user_code
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
+from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
@@ -246,6 +248,21 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
     return stream_sid
 
 
+def _ids_to_reserve(request: pb.PrepareEpisodesRequest, count: int, routed: str) -> list[str]:
+    """The session ids a PrepareEpisodes request reserves (none, or one per
+    episode); with `x-session-id` metadata (`routed`), exactly that one."""
+    session_ids = [sid.strip() for sid in request.session_ids]
+    if not session_ids:
+        return []
+    if len(session_ids) != count or not all(session_ids) or len(set(session_ids)) != count:
+        raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
+                       "session_ids must be one non-empty, distinct id per episode")
+    if routed and session_ids != [routed]:
+        raise ORSError(errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH,
+                       "a request routed by x-session-id must reserve exactly that one session id")
+    return session_ids
+
+
 def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
     """A call's input object ({} when unset)."""
     return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
@@ -320,10 +337,11 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     def __init__(
         self, environments: Sequence[type[Environment]], sessions: SessionTable, toolsets: ToolsetRegistry = (),
-        *, max_message_bytes: int | None = None,
+        *, drain: Drain, max_message_bytes: int | None = None,
     ) -> None:
         self._envs = environment_map(environments)
         self._sessions = sessions
+        self._drain = drain
         self._toolsets = toolset_map(toolsets)
         #: Answers larger than this fail with MESSAGE_TOO_LARGE (None: no check).
         self._max_message_bytes = max_message_bytes
@@ -666,7 +684,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     ) -> pb.PrepareEpisodesResponse:
         env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
         task_specs = await self._tasks_to_prepare(env_cls, request)
-        self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context))
+        session_ids = _ids_to_reserve(request, len(task_specs), _metadata_session_id(context))
+        self._sessions.prepare(env_cls, task_specs, dict(request.secrets), _api_key(context), session_ids)
         return pb.PrepareEpisodesResponse(preparing=len(task_specs), ttl_seconds=self._sessions.warm.ttl_s)
 
     @_unary
@@ -730,3 +749,24 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                 for error in counters.recent_errors()
             ],
         )
+    # Operators --------------------------------------------------------------
+
+    @_unary
+    async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+        if not _is_loopback(context.peer()):
+            raise ORSError(errors_pb2.ERROR_REASON_PEER_NOT_LOCAL,
+                           "Drain is accepted from this host only (a loopback peer)")
+        await self._drain.begin()
+        return pb.DrainResponse(open_sessions=self._sessions.open_count, seconds_left=self._drain.seconds_left)
+
+
+def _is_loopback(peer: str) -> bool:
+    """Whether a grpc peer (`ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`, `unix:...`) is on this host."""
+    kind, _, address = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

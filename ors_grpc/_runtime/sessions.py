@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import logging
 import time
 import uuid
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2
@@ -41,6 +42,7 @@ logger = logging.getLogger("ors_grpc.sessions")
 # to end before giving up on tearing its environment down.
 SETUP_STOP_WAIT_S = 30.0
 ENVIRONMENT_STARTING_MESSAGE = "Environment still starting."
+DRAINING_MESSAGE = "The server is draining: create the episode under a new session id, on another server."
 
 
 def _no_secrets(text: str) -> str:
@@ -88,6 +90,9 @@ class SessionTable:
         self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end, setup_timeout_s=warm_setup_timeout_s)
         #: Per-environment counters for the live view (GetServerStats).
         self.stats = ServerStats()
+        #: Set once the server drains: no new episode from then on.
+        self.draining = False
+        self._emptied: asyncio.Event | None = None
 
     @property
     def open_count(self) -> int:
@@ -108,13 +113,14 @@ class SessionTable:
     ) -> Session:
         """Register an episode, start its construction (with its session
         toolset's, `toolset_cls`) and setup, or claim a prepared one of the
-        same task, secrets and `api_key` (warm_pool; prepared episodes have
-        no session toolset, so a creation with one never claims); and wait
-        for the constructors. One that raised fails the creation (the
-        episode is unregistered): SETUP_FAILED, or TOOLSET_REFUSED for a
-        toolset's ValueError."""
+        same task, secrets and `api_key`: the one reserved for `sid`, else an
+        unreserved one (warm_pool; prepared episodes have no session
+        toolset, so a creation with one never claims); and wait for the
+        constructors. One that raised fails the creation (the episode is
+        unregistered): SETUP_FAILED, or TOOLSET_REFUSED for a toolset's
+        ValueError."""
         self.check_can_create(sid)
-        session = None if toolset_cls is not None else self.warm.claim(env_cls, task_spec, secrets, api_key)
+        session = None if toolset_cls is not None else self.warm.claim(env_cls, task_spec, secrets, api_key, sid)
         if session is None:
             self._check_room(1)
             session = self._start(sid, env_cls, task_spec, secrets, toolset_cls)
@@ -136,13 +142,19 @@ class SessionTable:
 
     def prepare(
         self, env_cls: type[Environment], task_specs: list[dict[str, Any]], secrets: dict[str, str],
-        api_key: str = "",
+        api_key: str = "", session_ids: Sequence[str] = (),
     ) -> None:
-        """Start episodes of `task_specs` ahead, for `create` to claim (all or none: they count as sessions)."""
+        """Start episodes of `task_specs` ahead, for `create` to claim (all or
+        none: they count as sessions); each for the creation under its
+        session id only, when `session_ids` (one per task) are given."""
+        self._refuse_when_draining()
+        taken = [sid for sid in session_ids if sid in self._sessions or self.warm.is_reserved(sid)]
+        if taken:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, f"Session already exists: {taken[0]}")
         self._check_room(len(task_specs))
-        for task_spec in task_specs:
-            session = self._start(f"warm-{uuid.uuid4()}", env_cls, task_spec, secrets)
-            self.warm.hold(session, task_spec, secrets, api_key)
+        for task_spec, reserved_for in itertools.zip_longest(task_specs, session_ids):
+            session = self._start(reserved_for or f"warm-{uuid.uuid4()}", env_cls, task_spec, secrets)
+            self.warm.hold(session, task_spec, secrets, api_key, reserved_for)
 
     def _check_room(self, adding: int) -> None:
         if self._max_sessions is not None and len(self._sessions) + self.warm.count + adding > self._max_sessions:
@@ -173,10 +185,27 @@ class SessionTable:
         return session
 
     def check_can_create(self, sid: str) -> None:
+        self._refuse_when_draining()
         if sid in self._sessions:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
         if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
             raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def _refuse_when_draining(self) -> None:
+        if self.draining:
+            raise ORSError(errors_pb2.ERROR_REASON_DRAINING, DRAINING_MESSAGE)
+
+    async def start_draining(self) -> None:
+        """Refuse new episodes from now on (DRAINING), and end the prepared
+        ones: no creation can claim them any more."""
+        self.draining = True
+        await self.warm.close()
+
+    async def until_empty(self) -> None:
+        """Returns once the table holds no episode (each was deleted or reaped)."""
+        while self._sessions:
+            self._emptied = asyncio.Event()
+            await self._emptied.wait()
 
     def find(self, sid: str) -> Session | None:
         """The session of `sid` if there is one (not marked active)."""
@@ -210,6 +239,8 @@ class SessionTable:
         session = self._sessions.pop(sid, None)
         if session is None:
             return
+        if not self._sessions and self._emptied is not None:
+            self._emptied.set()
         metrics.session_closed()
         await self.end(session)
         logger.debug("session_deleted")

@@ -5,7 +5,10 @@ often the slow part of an episode (a sandbox boot). `SessionTable.prepare`
 starts episodes without a session and hands them to the pool; a later
 `SessionTable.create` of the same environment and task, with the same
 secrets and API key, claims the oldest at once (ready or still setting up)
-instead of starting a setup of its own.
+instead of starting a setup of its own. An episode prepared for a reserved
+session id is claimed only by the creation under that id (with the same
+key): a trainer behind a load balancer hashing the session id sends the
+prepare with that id, so the creation reaches the backend that holds it.
 
 The claim key holds the task as canonical JSON (keys sorted) and, for the
 secrets and API key, an HMAC under a random per-process key: the pool never
@@ -48,17 +51,19 @@ class _Held:
     """One prepared episode in the pool, and its expiry: the setup bound
     while it sets up, then the TTL."""
 
-    __slots__ = ("session", "key", "expiry", "in_pool")
+    __slots__ = ("session", "key", "reserved_for", "expiry", "in_pool")
 
-    def __init__(self, session: Session, key: ClaimKey) -> None:
+    def __init__(self, session: Session, key: ClaimKey, reserved_for: str | None) -> None:
         self.session = session
         self.key = key
+        #: The session id only whose creation may claim it, if it was reserved.
+        self.reserved_for = reserved_for
         self.expiry: asyncio.TimerHandle | None = None
         self.in_pool = True
 
 
 class WarmPool:
-    """Prepared episodes by claim key, oldest first."""
+    """Prepared episodes: by claim key, oldest first, or by the session id reserved for each."""
 
     def __init__(
         self, *, ttl_s: float, end: Callable[[Session], Awaitable[None]],
@@ -69,6 +74,7 @@ class WarmPool:
         self._end = end
         self._hmac_key = secrets_module.token_bytes(32)
         self._held: dict[ClaimKey, deque[_Held]] = {}
+        self._reserved: dict[str, _Held] = {}
         self._count = 0
         self._ending: set[asyncio.Task[None]] = set()
 
@@ -80,14 +86,25 @@ class WarmPool:
     def count_by_environment(self) -> dict[type, int]:
         """Episodes held now, by environment class."""
         counts: dict[type, int] = {}
-        for (env_cls, _, _), queue in self._held.items():
-            counts[env_cls] = counts.get(env_cls, 0) + len(queue)
+        for held in self._everything():
+            counts[held.key[0]] = counts.get(held.key[0], 0) + 1
         return counts
 
-    def hold(self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], api_key: str) -> None:
-        """Keep a just started episode for a creation of the same key to claim."""
-        held = _Held(session, self._claim_key(session.env_cls, task_spec, secrets, api_key))
-        self._held.setdefault(held.key, deque()).append(held)
+    def is_reserved(self, sid: str) -> bool:
+        """Whether a held episode is reserved for session id `sid`."""
+        return sid in self._reserved
+
+    def hold(
+        self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], api_key: str,
+        reserved_for: str | None = None,
+    ) -> None:
+        """Keep a just started episode for a creation of the same key to claim
+        (only the creation under session id `reserved_for`, when given)."""
+        held = _Held(session, self._claim_key(session.env_cls, task_spec, secrets, api_key), reserved_for)
+        if reserved_for is None:
+            self._held.setdefault(held.key, deque()).append(held)
+        else:
+            self._reserved[reserved_for] = held
         self._count += 1
         metrics.warm_episode_prepared(session.env_cls)
         if session.setup_task is None:
@@ -97,18 +114,23 @@ class WarmPool:
             session.setup_task.add_done_callback(lambda _: self._start_ttl(held))
 
     def claim(
-        self, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str], api_key: str
+        self, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str], api_key: str,
+        sid: str,
     ) -> Session | None:
-        """The oldest held episode of this key, taken out of the pool; None if there is none."""
+        """The episode reserved for `sid` if it has this key, else the oldest
+        unreserved one of this key, taken out of the pool; None if there is none."""
         if not self._count:
             return None  # the common case: no canonical JSON, no HMAC
         key = self._claim_key(env_cls, task_spec, secrets, api_key)
-        queue = self._held.get(key)
-        if not queue:
-            return None
-        held = self._take(queue.popleft())
+        held = self._reserved.get(sid)
+        if held is None or held.key != key:
+            queue = self._held.get(key)
+            if not queue:
+                return None
+            held = queue[0]
+        self._withdraw(held)
         metrics.warm_episode_ended(env_cls, "claimed")
-        logger.debug("warm_episode_claimed env=%s", env_cls.name().lower())
+        logger.debug("warm_episode_claimed env=%s reserved=%s", env_cls.name().lower(), held.reserved_for is not None)
         return held.session
 
     def cancel(
@@ -116,27 +138,26 @@ class WarmPool:
     ) -> int:
         """End held episodes of these secrets and `api_key`: one of each
         task spec given (oldest first), or all of `env_cls` with none given.
-        Returns how many."""
+        Returns how many. An episode reserved for a session id is cancelled
+        only with all of its environment's."""
         if task_specs:
             queues = [self._held.get(self._claim_key(env_cls, spec, secrets, api_key)) for spec in task_specs]
-            chosen = [queue.popleft() for queue in queues if queue]
+            chosen = [queue[0] for queue in queues if queue]
         else:
             holder = self._holder(secrets, api_key)
-            chosen = [held for key, queue in list(self._held.items()) if key[0] is env_cls and key[2] == holder
-                      for held in list(queue)]
-            for held in chosen:
-                self._held[held.key].remove(held)
+            chosen = [held for held in self._everything() if held.key[0] is env_cls and held.key[2] == holder]
         for held in chosen:
-            self._end_in_background(self._take(held), "cancelled")
+            self._withdraw(held)
+            self._end_in_background(held, "cancelled")
         if chosen:
             logger.info("warm_episodes_cancelled env=%s count=%d", env_cls.name().lower(), len(chosen))
         return len(chosen)
 
     async def close(self) -> None:
-        """End every held episode and wait for those being ended (the server stops)."""
-        for queue in list(self._held.values()):
-            while queue:
-                self._end_in_background(self._take(queue.popleft()), "closed")
+        """End every held episode and wait for those being ended (the server stops or drains)."""
+        for held in self._everything():
+            self._withdraw(held)
+            self._end_in_background(held, "closed")
         if self._ending:
             await asyncio.wait(set(self._ending))
 
@@ -150,16 +171,24 @@ class WarmPool:
         holder = json_text.canonical([sorted(secrets.items()), api_key])
         return hmac.new(self._hmac_key, holder.encode(), hashlib.sha256).digest()
 
-    def _take(self, held: _Held) -> _Held:
-        """Account for `held` leaving the pool (it is out of its queue already)."""
+    def _everything(self) -> list[_Held]:
+        """Every held episode, reserved ones first, then by key, oldest first."""
+        return [*self._reserved.values(), *(held for queue in self._held.values() for held in queue)]
+
+    def _withdraw(self, held: _Held) -> None:
+        """Take `held` out of the pool (its queue, or its reservation)."""
         held.in_pool = False
-        if not self._held.get(held.key):
-            self._held.pop(held.key, None)
+        if held.reserved_for is not None:
+            del self._reserved[held.reserved_for]
+        else:
+            queue = self._held[held.key]
+            queue.remove(held)  # the first, unless it expired or is cancelled
+            if not queue:
+                del self._held[held.key]
         if held.expiry is not None:
             held.expiry.cancel()
             held.expiry = None
         self._count -= 1
-        return held
 
     def _start_ttl(self, held: _Held) -> None:
         """The setup of `held` ended: it is torn down after the TTL unless claimed first."""
@@ -173,18 +202,18 @@ class WarmPool:
         """The setup of `held` did not end within the bound: cancel and end it, freeing its place."""
         if not held.in_pool:
             return
-        self._held[held.key].remove(held)
         held.expiry = None
-        self._end_in_background(self._take(held), "setup_timeout")
+        self._withdraw(held)
+        self._end_in_background(held, "setup_timeout")
         logger.warning("warm_setup_timed_out env=%s setup_timeout_s=%s",
                        held.session.env_cls.name().lower(), self.setup_timeout_s)
 
     def _expire(self, held: _Held) -> None:
         if not held.in_pool:
             return
-        self._held[held.key].remove(held)
         held.expiry = None
-        self._end_in_background(self._take(held), "expired")
+        self._withdraw(held)
+        self._end_in_background(held, "expired")
         logger.info("warm_episode_expired env=%s ttl_s=%s", held.session.env_cls.name().lower(), self.ttl_s)
 
     def _end_in_background(self, held: _Held, outcome: str) -> None:

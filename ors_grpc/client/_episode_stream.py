@@ -108,9 +108,9 @@ class EpisodeStreamPool:
         self._idle: list[EpisodeStream] = []
         self._ending: set[asyncio.Task[None]] = set()
 
-    def take(self, route_key: str) -> EpisodeStream:
-        """An idle stream (`reused`), else a new one opened with `route_key`."""
-        while self._idle:
+    def take(self, route_key: str, *, reuse: bool = True) -> EpisodeStream:
+        """An idle stream (`reused`) if `reuse`, else a new one opened with `route_key`."""
+        while reuse and self._idle:
             stream = self._idle.pop()
             if stream.idle_timer is not None:
                 stream.idle_timer.cancel()

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -149,11 +150,15 @@ class AsyncEnvironment:
         split: Optional[str] = None,
         index: Optional[int] = None,
         toolset: Union[str, type, None] = None,
+        session_id: Optional[str] = None,
     ) -> AsyncSession:
         """An episode on `task` (a Task or a task spec) or on task `index` of `split`.
 
         `toolset`: a toolset registered with the server, by name (or its
-        class, named by `name()`), to attach to the episode. Use it as
+        class, named by `name()`), to attach to the episode. `session_id`:
+        the id to create it under (by default a new one), such as one that
+        `prepare(..., session_ids=...)` reserved: the creation then claims
+        that prepared episode, on the backend the id routes to. Use it as
         `async with env.session(...) as session:`.
         """
         request = pb.CreateEpisodeRequest(env_name=self.name, secrets=dict(secrets or {}))
@@ -166,7 +171,7 @@ class AsyncEnvironment:
             request.task_spec.CopyFrom(_convert.json_value(spec))
         else:
             request.task_index.CopyFrom(pb.TaskIndex(split=split, index=index))
-        return AsyncSession(self._connection, self.name, request, **self._session_options)
+        return AsyncSession(self._connection, self.name, request, session_id=session_id, **self._session_options)
 
     async def prepare(
         self,
@@ -175,17 +180,33 @@ class AsyncEnvironment:
         *,
         split: Optional[str] = None,
         indices: Optional[Sequence[int]] = None,
+        session_ids: Optional[Sequence[str]] = None,
     ) -> int:
         """Has the server set up episodes of `tasks` (Tasks or task specs), or
         of tasks `indices` of `split`, ahead: a later `session(...)` of the
         same task with the same secrets claims one and starts without waiting
         for its setup (warm episodes, an ORS extension; PrepareEpisodes).
-        One episode per entry; returns how many are being prepared."""
+        One episode per entry; returns how many are being prepared.
+
+        With `session_ids` (one per entry, e.g. `str(uuid.uuid4())` each),
+        each episode is reserved for `session(..., session_id=that id)`, and
+        prepared by its own request routed by that id (`x-session-id`), so
+        that behind a load balancer hashing it the prepare and the creation
+        reach the same backend. The requests go concurrently; the first
+        that fails raises (the others' episodes expire unclaimed)."""
         if (tasks is None) == (split is None or indices is None) or (split is None) != (indices is None):
             raise ValueError("pass either tasks, or both split and indices")
         request = pb.PrepareEpisodesRequest(env_name=self.name, secrets=dict(secrets or {}))
         _name_tasks(request, tasks, split, indices)
-        return (await self._connection.unary("PrepareEpisodes", request)).preparing
+        if session_ids is None:
+            return (await self._connection.unary("PrepareEpisodes", request)).preparing
+        if len(session_ids) != len(request.task_specs) + len(request.indices):
+            raise ValueError("pass one session id per task")
+        answers = await asyncio.gather(*(
+            self._connection.unary("PrepareEpisodes", _one_reserved(request, position, sid), route_key=sid)
+            for position, sid in enumerate(session_ids)
+        ))
+        return sum(answer.preparing for answer in answers)
 
     async def cancel_prepared(
         self,
@@ -209,6 +230,16 @@ class AsyncEnvironment:
 
     def _tasks(self, messages: Any) -> list[Task]:
         return [Task(self.name, _convert.task_spec(m)) for m in messages]
+
+
+def _one_reserved(request: pb.PrepareEpisodesRequest, position: int, session_id: str) -> pb.PrepareEpisodesRequest:
+    """The entry at `position` of a PrepareEpisodes request, alone, reserved for `session_id`."""
+    one = pb.PrepareEpisodesRequest(env_name=request.env_name, secrets=request.secrets, session_ids=[session_id])
+    if request.task_specs:
+        one.task_specs.append(request.task_specs[position])
+    else:
+        one.split, one.indices[:] = request.split, [request.indices[position]]
+    return one
 
 
 def _toolset_name(toolset: Any) -> str:

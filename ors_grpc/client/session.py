@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequen
 import grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, Message, TerminalToolSpec, ToolOutput, ToolSpec
 from ors_grpc.client import _convert
 from ors_grpc.client._connection import Connection
@@ -48,6 +49,13 @@ _UNKNOWN_TASK_ID = "ERROR_REASON_UNKNOWN_TASK_ID"
 #: maybe-created episode is deleted first, and the next try has a new id.
 _CREATE_RETRIES = 4
 _CREATE_RETRY_DELAY_S = 0.05
+#: A creation refused by a draining server (nothing was created) is tried
+#: again this many more times under a new session id, backing off: behind a
+#: load balancer another backend takes it.
+_DRAINING = "ERROR_REASON_DRAINING"
+_DRAINING_RETRIES = 8
+_DRAINING_BASE_DELAY_S = 0.05
+_DRAINING_MAX_DELAY_S = 1.0
 #: The session is gone server-side: pinging it again is pointless.
 _SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
 #: A call waited the server's bound for setup; nothing ran, so it is asked again.
@@ -88,9 +96,13 @@ class AsyncSession:
         ping_interval_s: float = DEFAULT_PING_INTERVAL_S,
         reattach_attempts: int = DEFAULT_REATTACH_ATTEMPTS,
         stream_episode: bool = True,
+        session_id: Optional[str] = None,
     ) -> None:
         self.env_name = env_name
         self.session_id: Optional[str] = None
+        #: The caller's id for the first creation (a prepared episode reserved
+        #: for it, say); a retry creates under a new id.
+        self._requested_id = session_id
         self._connection = connection
         self._create_request = create_request
         self._ping_interval_s = ping_interval_s
@@ -107,11 +119,15 @@ class AsyncSession:
         self._listing: Optional[pb.ListTaskToolsResponse] = None
 
     async def __aenter__(self) -> "AsyncSession":
-        if not (self._stream_episode and await self._create_on_stream()):
-            await self._create_by_rpcs()
+        await _while_draining(self._create)
         self._connection.open_sessions.add(self)
         self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
         return self
+
+    async def _create(self) -> None:
+        """Creates the episode under a new session id, on a stream or by RPCs."""
+        if not (self._stream_episode and await self._create_on_stream()):
+            await self._create_by_rpcs()
 
     async def _create_on_stream(self) -> bool:
         """Creates the episode on a RunEpisode stream (an idle one of the
@@ -119,12 +135,15 @@ class AsyncSession:
         (an older ors-grpc)."""
         # Minted here, not by the server: a new stream is routed by it (load
         # balancers hash `x-session-id`), and an episode whose creation was
-        # cut short can still be deleted.
-        self.session_id = self._create_request.session_id = str(uuid.uuid4())
+        # cut short can still be deleted. The caller's id gets a stream of
+        # its own, routed by it to the backend that may hold its prepared episode.
+        requested = self._requested_id
+        self._requested_id = None
+        self.session_id = self._create_request.session_id = requested or str(uuid.uuid4())
         pool = self._connection.episode_streams
         retries = 0
         while True:
-            stream = pool.take(self.session_id)
+            stream = pool.take(self.session_id, reuse=requested is None)
             self._route_key = stream.route_key
             try:
                 answer = await stream.ask(pb.RunEpisodeRequest(create=self._create_request))
@@ -132,6 +151,7 @@ class AsyncSession:
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self.session_id = self._route_key = None
+                    self._requested_id = requested  # for the creation by RPCs
                     return False
                 await asyncio.shield(self._release())  # the server may have created it
                 if not _broke_or_refused(error) or retries == _CREATE_RETRIES:
@@ -143,20 +163,26 @@ class AsyncSession:
                 else:
                     await asyncio.sleep(_CREATE_RETRY_DELAY_S * 2**retries)
                 retries += 1
+                requested = None
                 self.session_id = self._create_request.session_id = str(uuid.uuid4())
             except BaseException:  # cancelled: the server may have created it already
                 await asyncio.shield(self._release())
                 raise
         if answer.WhichOneof("step") == "error":
-            pool.give_back(stream)  # no episode on it: it can carry the next one
+            if answer.error.reason == errors_pb2.ERROR_REASON_DRAINING:
+                stream.cancel()  # routed to a server that takes no new episode
+            else:
+                pool.give_back(stream)  # no episode on it: it can carry the next one
             self.session_id = None  # not created (maybe someone else's: never delete it)
             raise ORSServerError.from_step_error(answer.error)
         self._stream = stream
         return True
 
     async def _create_by_rpcs(self) -> None:
-        minted = await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())
-        self.session_id = self._route_key = minted.session_id
+        requested, self._requested_id = self._requested_id, None
+        if requested is None:
+            requested = (await self._connection.unary("CreateSessionId", pb.CreateSessionIdRequest())).session_id
+        self.session_id = self._route_key = requested
         self._create_request.session_id = self.session_id
         try:
             await self._unary("CreateEpisode", self._create_request)
@@ -413,6 +439,22 @@ class AsyncSession:
                 await self._connection.unary(method, request, route_key=self._route_key, timeout=_CLEANUP_TIMEOUT_S)
             except Exception as error:  # never mask the body's own exception
                 logger.warning("%s of session %s failed: %s", method, session_id, error)
+
+
+async def _while_draining(create: Callable[[], Awaitable[None]]) -> None:
+    """`create()`, again (each time under a new session id, which a load
+    balancer hashing `x-session-id` sends elsewhere) while the server it
+    reached is draining: nothing was created. Up to _DRAINING_RETRIES more
+    times, backing off."""
+    for retry in range(_DRAINING_RETRIES + 1):
+        try:
+            return await create()
+        except ORSServerError as error:
+            if error.reason != _DRAINING or retry == _DRAINING_RETRIES:
+                raise
+        delay = min(_DRAINING_BASE_DELAY_S * 2**retry, _DRAINING_MAX_DELAY_S)
+        logger.info("the server is draining; creating the episode again in %gs under a new session id", delay)
+        await asyncio.sleep(delay)
 
 
 async def _while_starting(ask: Callable[[], Awaitable[T]]) -> T:

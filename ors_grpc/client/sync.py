@@ -155,9 +155,11 @@ class Environment:
         *,
         split: Optional[str] = None,
         indices: Optional[Sequence[int]] = None,
+        session_ids: Optional[Sequence[str]] = None,
     ) -> int:
         """Warm episodes: see AsyncEnvironment.prepare."""
-        return self._loop.run(self._async.prepare(tasks, secrets, split=split, indices=indices))
+        return self._loop.run(self._async.prepare(tasks, secrets, split=split, indices=indices,
+                                                  session_ids=session_ids))
 
     def cancel_prepared(
         self,
@@ -184,8 +186,11 @@ class Environment:
         split: Optional[str] = None,
         index: Optional[int] = None,
         toolset: Union[str, type, None] = None,
+        session_id: Optional[str] = None,
     ) -> Session:
-        return Session(self._async.session(task, secrets, split=split, index=index, toolset=toolset), self._loop)
+        """An episode; see AsyncEnvironment.session."""
+        session = self._async.session(task, secrets, split=split, index=index, toolset=toolset, session_id=session_id)
+        return Session(session, self._loop)
 
 
 class ORSClient:

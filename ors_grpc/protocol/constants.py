@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "API_KEY_METADATA_KEY",
+    "DEFAULT_DRAIN_TIMEOUT_S",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_RESULT_LINGER_S",
     "DEFAULT_SESSION_TIMEOUT_S",
@@ -76,3 +77,7 @@ MAX_ERROR_TEXT_BYTES = 1024
 MAX_REQUEST_HEAD_BYTES = 256 * 1024
 #: Most header lines in one HTTP request head (431 over it).
 MAX_REQUEST_HEADERS = 100
+
+#: Seconds a draining server (SIGTERM, Drain) keeps serving the episodes it
+#: holds before it ends them and exits (`--drain-timeout`).
+DEFAULT_DRAIN_TIMEOUT_S = 300.0

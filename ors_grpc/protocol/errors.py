@@ -76,6 +76,9 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_UNKNOWN_TOOLSET: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
     # Detail `Environment still starting.`; the bridge adds `X-Backend-State: starting` and `Retry-After`.
     errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: Mapping(grpc.StatusCode.UNAVAILABLE, 503),
+    # Retryable elsewhere: the bridge adds `Retry-After`; the clients retry under a new session id.
+    errors_pb2.ERROR_REASON_DRAINING: Mapping(grpc.StatusCode.UNAVAILABLE, 503),
+    errors_pb2.ERROR_REASON_PEER_NOT_LOCAL: Mapping(grpc.StatusCode.PERMISSION_DENIED, 403),
     # 422 as the IETF Idempotency-Key draft answers a key reused with another payload.
     errors_pb2.ERROR_REASON_IDEMPOTENCY_KEY_REUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 422),
     # The reference answers 500 when the environment's code raises.
@@ -94,6 +97,7 @@ REASONS: dict[int, Mapping] = {
 RETRY_AFTER_S: dict[int, int] = {
     errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: 1,
     errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING: 2,
+    errors_pb2.ERROR_REASON_DRAINING: 1,
 }
 
 #: gRPC code to HTTP status for errors without an ORS reason, as in
@@ -182,7 +186,7 @@ def message_too_large(what: str, size_bytes: int, limit_bytes: int) -> ORSError:
 def trailing_metadata(error: ORSError) -> tuple[tuple[str, str | bytes], ...]:
     """The trailing metadata of a failed RPC: the reason as `ors-error-reason`,
     the whole error as a google.rpc.Status with one ErrorInfo in
-    `grpc-status-details-bin`, and `retry-after` when the server is full or the
+    `grpc-status-details-bin`, and `retry-after` when the server is full, draining, or the
     environment still starting."""
     metadata = {key: bounded_text(value, MAX_ERROR_METADATA_BYTES) for key, value in error.metadata.items()}
     retry_after_s = RETRY_AFTER_S.get(error.reason)

@@ -27,16 +27,11 @@ import pytest
 
 from tests.support.servers import ServeProcess, start_serve
 from tests.support.tooling import NPM_CI_TIMEOUT_S, ensure_node_packages
+from tests.support.typescript import BIN, CLIENT, compile_client, suites, tap_count
+from tests.support.typescript import run_suites as run_node_suites
 from tests.support.warm_environments import MARKER_DIR_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENT = ROOT / "clients" / "typescript"
-BIN = CLIENT / "node_modules" / ".bin"
-NODE = shutil.which("node")
-
-def suites(folder: str) -> list[str]:
-    """The suites of clients/typescript/test/FOLDER, as paths from clients/typescript."""
-    return sorted(str(path.relative_to(CLIENT)) for path in (CLIENT / "test" / folder).glob("*.test.ts"))
 
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXAMPLE = CLIENT / "examples" / "quickstart.ts"
@@ -47,11 +42,7 @@ pytestmark = pytest.mark.timeout(NPM_CI_TIMEOUT_S + 180)  # the first test may r
 
 @pytest.fixture(scope="module")
 def built() -> None:
-    """The client compiled from its sources now (tsc type-checks src/, test/ and examples/ too)."""
-    ensure_node_packages(CLIENT)
-    shutil.rmtree(CLIENT / "dist", ignore_errors=True)
-    result = subprocess.run([str(BIN / "tsc"), "-p", "."], cwd=CLIENT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+    compile_client()
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +62,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def run_suites(serve: ServeProcess, suites: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    compiled = [f"dist/{suite.removesuffix('.ts')}.js" for suite in suites]
-    return subprocess.run(
-        [NODE, "--test", "--test-reporter=tap", *compiled],
-        cwd=CLIENT, env={**os.environ, "ORS_TARGET": serve.grpc_target, **env},
-        capture_output=True, text=True, timeout=150,
-    )
-
-
-def tap_count(output: str, name: str) -> int:
-    match = re.search(rf"^# {name} (\d+)$", output, re.MULTILINE)
-    assert match, output
-    return int(match.group(1))
+    return run_node_suites(serve.grpc_target, suites, **env)
 
 
 @pytest.fixture(params=["plain", "api-key", "tls"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -137,8 +138,10 @@ async def test_a_setup_that_raises_fails_every_waiting_call_through_both_doors()
             assert await open_sessions(stub) == 0
 
 
-async def test_sigterm_tears_down_every_session_of_both_doors_even_with_calls_running(tmp_path: Path) -> None:
-    with serve_probe(marker_dir=tmp_path) as serve:
+async def test_sigterm_past_the_drain_timeout_tears_down_every_session_of_both_doors_even_with_calls_running(
+    tmp_path: Path,
+) -> None:
+    with serve_probe("--drain-timeout", "0", marker_dir=tmp_path) as serve:
         async with aiohttp.ClientSession(base_url=serve.http_url) as http, grpc_stub(serve.grpc_target) as stub:
             for number in range(3):
                 await http_call(http, await http_episode(http, f"http-{number}"), "echo_tag")
@@ -156,7 +159,7 @@ async def test_sigterm_tears_down_every_session_of_both_doors_even_with_calls_ru
                 return runs == [{"hang": 1}] * 2
 
             await eventually(both_running, "both hanging calls to start")
-            assert await asyncio.get_running_loop().run_in_executor(None, serve.stop) == 0
+            assert await asyncio.get_running_loop().run_in_executor(None, serve.stop, signal.SIGTERM) == 0
             await asyncio.wait(running, timeout=5)  # their streams end with the server
             for task in running:
                 task.cancel()

@@ -1,7 +1,8 @@
-"""`ors-grpc serve` as a subprocess: a real episode, the bundled example, graceful SIGTERM."""
+"""`ors-grpc serve` as a subprocess: a real episode, the bundled example, a graceful stop."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,20 +15,20 @@ from tests.support.grpc_calls import call_tool, create_episode, tool_call
 from tests.support.servers import ROOT, start_serve
 
 
-async def test_sigterm_tears_down_every_session_and_exits_zero(tmp_path: Path) -> None:
+async def test_sigterm_with_no_drain_timeout_tears_down_every_session_and_exits_zero(tmp_path: Path) -> None:
     record = tmp_path / "teardowns.txt"
     env = {"ORS_TEST_TEARDOWN_FILE": str(record)}
-    with start_serve("tests.support.environments:TeardownRecordingEnv", env=env) as serve:
+    with start_serve("tests.support.environments:TeardownRecordingEnv", "--drain-timeout", "0", env=env) as serve:
         async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
             stub = pb_grpc.EnvironmentServiceStub(channel)
             for index in (0, 1):
                 sid = await create_episode(stub, "teardownrecordingenv", index=index)
                 await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-        assert serve.stop() == 0
+        assert serve.stop(signal.SIGTERM) == 0
     assert sorted(record.read_text().splitlines()) == ["teardown 0", "teardown 1"]
 
 
-async def test_sigterm_stops_the_server_despite_a_stuck_sync_tool() -> None:
+async def test_a_stop_signal_stops_the_server_despite_a_stuck_sync_tool() -> None:
     with start_serve("tests.support.environments:BlockingToolEnv") as serve:
         async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
             stub = pb_grpc.EnvironmentServiceStub(channel)

@@ -26,7 +26,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.client import AsyncORSClient, ORSClient, ORSServerError
 from ors_grpc.server import ServerConfig, create_server
-from tests.support.grpc_calls import error_reason
+from tests.support.grpc_calls import error_reason, expect_error
 from tests.support.servers import start_serve
 from tests.support.warm_environments import EVENTS, MARKER_DIR_VARIABLE, FailingWarmEnv, WarmEnv, read_events
 
@@ -308,3 +308,69 @@ def test_the_prepare_example_of_the_client_docs_runs():
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["preparing", "2", "1.0"]
+
+
+# Reserved session ids --------------------------------------------------------
+
+
+async def test_an_episode_reserved_for_a_session_id_is_claimed_only_under_that_id():
+    async with warm_server() as target, AsyncORSClient(target) as client:
+        env = client.environment("warmenv")
+        task = {"tag": "reserved"}
+        assert await env.prepare([task, task], session_ids=["first", "second"]) == 2
+        await until(lambda: len(setups()) == 2, "the two reserved setups")
+        # A creation by task alone under another id claims neither.
+        assert await prompt_of(client, task) == "setup 3 of reserved"
+        prompts = {}
+        for sid in ("second", "first"):
+            async with env.session(task, session_id=sid) as session:
+                assert session.session_id == sid
+                prompts[sid] = (await session.get_prompt())[0].text
+        assert sorted(prompts.values()) == ["setup 1 of reserved", "setup 2 of reserved"]
+        assert len(setups()) == 3
+    # The sync client, by RPCs (no episode stream), claims the same way.
+    async with warm_server() as target:
+        with ORSClient(target, stream_episodes=False) as blocking:
+            sync_env = blocking.environment("warmenv")
+            await asyncio.to_thread(sync_env.prepare, [task], session_ids=["blocking"])
+            await until(lambda: len(setups()) == 1, "the reserved setup")
+
+            def claim() -> str:
+                with sync_env.session(task, session_id="blocking") as session:
+                    return session.get_prompt()[0].text
+
+            assert await asyncio.to_thread(claim) == "setup 1 of reserved"
+
+
+async def test_a_reserved_episode_needs_its_key_and_task_and_a_routed_prepare_reserves_its_own_id():
+    async with warm_server() as target, AsyncORSClient(target) as client:
+        env = client.environment("warmenv")
+        await env.prepare([{"tag": "keyed"}], {"token": "s"}, session_ids=["mine"])
+        await until(lambda: len(setups()) == 1, "the reserved setup")
+        async with env.session({"tag": "keyed"}, {"token": "other"}, session_id="mine") as session:
+            assert (await session.get_prompt())[0].text == "setup 2 of keyed"  # other secrets: not claimed
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            one = pb.PrepareEpisodesRequest(env_name="warmenv", split="train", indices=[0], session_ids=["a"])
+            routed_elsewhere = await expect_error(stub.PrepareEpisodes(one, metadata=(("x-session-id", "b"),)))
+            assert error_reason(routed_elsewhere) == "ERROR_REASON_SESSION_ID_MISMATCH"
+            two = pb.PrepareEpisodesRequest(env_name="warmenv", split="train", indices=[0, 1], session_ids=["a"])
+            assert error_reason(await expect_error(stub.PrepareEpisodes(two))) == "ERROR_REASON_INVALID_REQUEST"
+            await stub.PrepareEpisodes(one, metadata=(("x-session-id", "a"),))
+            taken = await expect_error(stub.PrepareEpisodes(one))
+            assert error_reason(taken) == "ERROR_REASON_SESSION_EXISTS"
+
+
+async def test_an_http_prepare_with_x_session_id_reserves_its_episode_for_that_create(tmp_path: Path):
+    env = {MARKER_DIR_VARIABLE: str(tmp_path)}
+    with start_serve(*WARM_ENVIRONMENTS, "--http-port", "0", env=env) as serve:
+        async with aiohttp.ClientSession(base_url=serve.http_url) as http:
+            headers = {"X-Session-ID": "http-reserved"}
+            async with http.post("/warmenv/prepare", json={"task_specs": [{"tag": "h"}]}, headers=headers) as response:
+                assert response.status == 200
+                assert (await response.json())["preparing"] == 1
+            async with http.post("/create", json={"task_spec": {"tag": "h"}}, headers=headers) as response:
+                assert response.status == 200
+            async with http.get("/warmenv/prompt", headers=headers) as response:
+                assert (await response.json())[0]["text"] == "setup 1 of h"
+    assert [kind for kind, tag, _ in read_events(tmp_path)] == ["setup", "teardown"]

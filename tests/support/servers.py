@@ -5,7 +5,7 @@
         serve.http_url      # "http://127.0.0.1:PORT" (with --http-port)
 
 `--port 0` is always passed; add `--http-port 0` to get the HTTP door too.
-On exit the process gets SIGTERM, then SIGKILL if it lingers.
+On exit the process gets SIGINT (a stop at once; SIGTERM drains), then SIGKILL if it lingers.
 `run_cli_logging_to(log, ...)` runs any subcommand at DEBUG with its output in a file;
 `start_script_server(script)` runs another server (openreward's, ors-sdk's) from a script.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -39,15 +40,17 @@ class ServeProcess:
         #: stdout lines after the listening lines (read in the background).
         self.lines: "queue.Queue[str | None]" = queue.Queue()
 
-    def stop(self) -> int:
-        """SIGTERM, then SIGKILL after a while; the exit status."""
-        return stop_process(self.proc)
+    def stop(self, signum: int = signal.SIGINT) -> int:
+        """`signum`, then SIGKILL after a while; the exit status (see `stop_process`)."""
+        return stop_process(self.proc, signum)
 
 
-def stop_process(proc: subprocess.Popen) -> int:
-    """SIGTERM, then SIGKILL after a while; the exit status."""
+def stop_process(proc: subprocess.Popen, signum: int = signal.SIGINT) -> int:
+    """`signum`, then SIGKILL after a while; the exit status. SIGINT by
+    default: it stops `serve` at once, where SIGTERM would drain it first
+    (serving the open episodes until they end)."""
     if proc.poll() is None:
-        proc.terminate()
+        proc.send_signal(signum)
         try:
             proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -4,6 +4,7 @@ import { randomUUID } from "node:crypto";
 import { Connection, type ORSClientOptions } from "./connection.js";
 import { Episode } from "./episode.js";
 import { EpisodeStream } from "./episode_stream.js";
+import { whileDraining } from "./draining.js";
 import { rpc } from "./errors.js";
 import { createEpisodeRequest, type EpisodeOptions } from "./requests.js";
 import { toToolListing, type ToolListing } from "./messages.js";
@@ -63,6 +64,14 @@ export class ORSClient implements Disposable {
 export interface PrepareOptions {
   /** Secrets for the environments' constructors: a creation must carry exactly these to claim an episode. */
   secrets?: Record<string, string>;
+  /**
+   * One session id per task (e.g. `randomUUID()` each): each episode is
+   * reserved for the creation under that id (`createEpisode(task, { sessionId })`,
+   * or on a stream opened with that id as its route key), and prepared by a
+   * request of its own routed by it (`x-session-id`), so that behind a load
+   * balancer hashing it the prepare and the creation reach one backend.
+   */
+  sessionIds?: string[];
 }
 
 /** What `Environment.prepare` started. */
@@ -136,9 +145,26 @@ export class Environment {
    * the server keeps one unclaimed once its setup ended.
    */
   async prepare(tasks: JsonObject[] | { split: string; indices: number[] }, options: PrepareOptions = {}): Promise<Prepared> {
-    const request = { envName: this.name, ...taskSelection(tasks), secrets: options.secrets ?? {} };
-    const { preparing, ttlSeconds } = await rpc(this.service.prepareEpisodes(request));
-    return { preparing: Number(preparing), ttlSeconds };
+    const base = { envName: this.name, secrets: options.secrets ?? {} };
+    const { sessionIds } = options;
+    if (sessionIds === undefined) {
+      const { preparing, ttlSeconds } = await rpc(this.service.prepareEpisodes({ ...base, ...taskSelection(tasks) }));
+      return { preparing: Number(preparing), ttlSeconds };
+    }
+    // One request per reserved id, routed by it.
+    const entries = Array.isArray(tasks)
+      ? tasks.map((spec) => ({ taskSpecs: [jsonValue(spec)] }))
+      : tasks.indices.map((index) => ({ split: tasks.split, indices: [BigInt(index)] }));
+    if (sessionIds.length !== entries.length) throw new RangeError("pass one session id per task");
+    const answers = await Promise.all(
+      entries.map((entry, position) => {
+        const sessionId = sessionIds[position]!;
+        const request = { ...base, ...entry, sessionIds: [sessionId] };
+        return rpc(this.service.prepareEpisodes(request, this.connection.routed(sessionId)));
+      }),
+    );
+    const preparing = answers.reduce((sum, answer) => sum + Number(answer.preparing), 0);
+    return { preparing, ttlSeconds: answers[0]?.ttlSeconds ?? 0 };
   }
 
   /**
@@ -162,14 +188,17 @@ export class Environment {
   /**
    * Starts an episode with one RPC per step (CreateEpisode, then GetPrompt,
    * CallTool, ...). Close it when done (`await episode.close()`, or
-   * `await using episode = ...`).
+   * `await using episode = ...`). A creation refused by a draining server
+   * is made again under a new session id (see `episode.sessionId`).
    */
   async createEpisode(task: TaskSource, options: EpisodeOptions = {}): Promise<Episode> {
-    const sessionId = options.sessionId ?? randomUUID();
-    const route = { connection: this.connection, sessionId, routeKey: sessionId };
-    const request = createEpisodeRequest(sessionId, this.name, task, options);
-    await rpc(this.service.createEpisode(request, this.connection.routed(sessionId)));
-    return new Episode(route);
+    return whileDraining(async (retry) => {
+      const sessionId = (retry === 0 ? options.sessionId : undefined) ?? randomUUID();
+      const route = { connection: this.connection, sessionId, routeKey: sessionId };
+      const request = createEpisodeRequest(sessionId, this.name, task, options);
+      await rpc(this.service.createEpisode(request, this.connection.routed(sessionId)));
+      return new Episode(route);
+    });
   }
 
   private get service() {

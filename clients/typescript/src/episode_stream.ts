@@ -6,6 +6,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code } from "@connectrpc/connect";
 import type { Connection } from "./connection.js";
 import { Episode, ORSEpisode } from "./episode.js";
+import { whileDraining } from "./draining.js";
 import { ORSError, rpc } from "./errors.js";
 import type { RunEpisodeRequestSchema, RunEpisodeResponse } from "./gen/ors/v1/environment_service_pb.js";
 import { ErrorReason } from "./gen/ors/v1/errors_pb.js";
@@ -23,9 +24,9 @@ type AnswerOf<K extends AnswerCase> = Extract<Answer, { case: K }>["value"];
 
 /** Opened by `ORSClient.openEpisodeStream()`. Steps run one at a time, in call order. */
 export class EpisodeStream implements AsyncDisposable {
-  private readonly requests = new RequestQueue<{ step: Step }>();
+  private requests = new RequestQueue<{ step: Step }>();
   private answers: AsyncIterator<RunEpisodeResponse> | undefined;
-  private readonly cancel = new AbortController();
+  private cancel = new AbortController();
   private turn: Promise<unknown> = Promise.resolve();
   private broken: ORSError | undefined;
 
@@ -36,19 +37,44 @@ export class EpisodeStream implements AsyncDisposable {
    */
   constructor(
     private readonly connection: Connection,
-    readonly routeKey: string = randomUUID(),
+    private key: string = randomUUID(),
   ) {}
+
+  /** The `x-session-id` the stream is open with (a new one after a draining server refused an episode). */
+  get routeKey(): string {
+    return this.key;
+  }
 
   /** Why the stream broke (it then carries no more steps), if it did. */
   get failure(): ORSError | undefined {
     return this.broken;
   }
 
-  /** Starts an episode of `envName` on this stream (a `create` step). */
+  /**
+   * Starts an episode of `envName` on this stream (a `create` step). When
+   * the server is draining, the stream (which holds no episode then) is
+   * opened again under a new route key, and the episode created there under
+   * a new session id.
+   */
   async createEpisode(envName: string, task: TaskSource, options: EpisodeOptions = {}): Promise<StreamEpisode> {
-    const request = createEpisodeRequest(options.sessionId ?? randomUUID(), envName, task, options);
-    const { sessionId } = await this.step({ case: "create", value: request }, "create");
-    return new StreamEpisode(this, { connection: this.connection, sessionId, routeKey: this.routeKey });
+    return whileDraining(async (retry) => {
+      if (retry > 0) this.reopen();
+      const sessionId = (retry === 0 ? options.sessionId : undefined) ?? randomUUID();
+      const request = createEpisodeRequest(sessionId, envName, task, options);
+      await this.step({ case: "create", value: request }, "create");
+      return new StreamEpisode(this, { connection: this.connection, sessionId, routeKey: this.routeKey });
+    });
+  }
+
+  /** Ends the call (it holds no episode) and starts afresh under a new route key: the next step opens a new call. */
+  private reopen(): void {
+    this.requests.end();
+    this.cancel.abort();
+    this.requests = new RequestQueue<{ step: Step }>();
+    this.cancel = new AbortController();
+    this.answers = undefined;
+    this.broken = undefined;
+    this.key = randomUUID();
   }
 
   /** Sends one step and resolves to its answer; a failed step rejects with its ORSError. */

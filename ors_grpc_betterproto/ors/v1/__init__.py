@@ -124,6 +124,25 @@ class ErrorReason(betterproto.Enum):
      entry says after how many seconds). UNAVAILABLE.
     """
 
+    DRAINING = 16
+    """
+    The server is draining (it got SIGTERM, or a Drain RPC, before a
+     restart): it serves the episodes it has until they end, but starts no
+     new one (CreateEpisode, a RunEpisode `create` step, PrepareEpisodes).
+     Nothing was created: retry under a new session id, which a load balancer
+     hashing `x-session-id` sends to another backend (the `retry-after`
+     trailing metadata entry says after how many seconds). UNAVAILABLE
+     (HTTP 503 with `Retry-After`).
+    """
+
+    PEER_NOT_LOCAL = 17
+    """
+    An operator's RPC (Drain) came from a peer that is not on the server's
+     own host (loopback); it is accepted from loopback only, so that callers
+     of the ORS port elsewhere cannot take a backend out. PERMISSION_DENIED
+     (HTTP 403).
+    """
+
     JSON_LIMIT = 18
     """
     A JSON value of the request (a task spec, a tool's input, a message's
@@ -1138,6 +1157,17 @@ class PrepareEpisodesRequest(betterproto.Message):
      of the episodes. Never logged, echoed or persisted.
     """
 
+    session_ids: List[str] = betterproto.string_field(6)
+    """
+    Session ids to reserve, one per episode in order (as many as the
+     tasks, each unique and not in use); empty reserves none, and the
+     episodes are claimed by task. A creation under one of these ids claims
+     that very episode (see PrepareEpisodes). When the request carries
+     `x-session-id` metadata, it must reserve exactly that one id
+     (ERROR_REASON_SESSION_ID_MISMATCH otherwise), so that it was routed
+     where the id's creation will be.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class PrepareEpisodesResponse(betterproto.Message):
@@ -1382,6 +1412,27 @@ class ServerError(betterproto.Message):
     """
     The error's message, as the client was told it (the session's secrets masked).
     """
+
+
+@dataclass(eq=False, repr=False)
+class DrainRequest(betterproto.Message):
+    """Request of Drain."""
+
+    pass
+
+
+@dataclass(eq=False, repr=False)
+class DrainResponse(betterproto.Message):
+    """Response of Drain."""
+
+    open_sessions: int = betterproto.int64_field(1)
+    """
+    The episodes the server still holds; it exits once none is left, or
+     when its drain timeout passes.
+    """
+
+    seconds_left: float = betterproto.double_field(2)
+    """Seconds left until the drain timeout ends the remaining episodes."""
 
 
 class EnvironmentServiceStub(betterproto.ServiceStub):
@@ -1782,6 +1833,23 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def drain(
+        self,
+        drain_request: "DrainRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "DrainResponse":
+        return await self._unary_unary(
+            "/ors.v1.EnvironmentService/Drain",
+            drain_request,
+            DrainResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -1893,6 +1961,9 @@ class EnvironmentServiceBase(ServiceBase):
     async def get_server_stats(
         self, get_server_stats_request: "GetServerStatsRequest"
     ) -> "GetServerStatsResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def drain(self, drain_request: "DrainRequest") -> "DrainResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_health(
@@ -2074,6 +2145,13 @@ class EnvironmentServiceBase(ServiceBase):
         response = await self.get_server_stats(request)
         await stream.send_message(response)
 
+    async def __rpc_drain(
+        self, stream: "grpclib.server.Stream[DrainRequest, DrainResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.drain(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -2213,5 +2291,11 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetServerStatsRequest,
                 GetServerStatsResponse,
+            ),
+            "/ors.v1.EnvironmentService/Drain": grpclib.const.Handler(
+                self.__rpc_drain,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                DrainRequest,
+                DrainResponse,
             ),
         }

@@ -4,6 +4,7 @@
 // line each, in the `events` file of ORS_TEST_MARKER_DIR; an episode's prompt
 // names the setup that built it.
 import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -86,6 +87,23 @@ describe("warm episodes", () => {
     claimed.push(textOf(await onStream.getPrompt()));
     assert.deepEqual(claimed.sort(), prepared.map((number) => `setup ${number} of indexed-2`).sort());
     assert.equal(setupsOf("indexed-2").length, 3);
+  });
+
+  test("episodes reserved for session ids are claimed only under those ids, by RPC and on a stream", async () => {
+    const task = { spec: { tag: "ts-reserved" } };
+    const [byRpc, onStream] = [randomUUID(), randomUUID()];
+    assert.equal((await env.prepare([task.spec, task.spec], { sessionIds: [byRpc, onStream] })).preparing, 2);
+    const prepared = (await untilSetups("ts-reserved", 2)).map((number) => `setup ${number} of ts-reserved`);
+    const byTask = await promptOf(task); // another id: it claims neither
+    assert.ok(!prepared.includes(byTask), byTask);
+
+    await using first = await env.createEpisode(task, { sessionId: byRpc });
+    await using stream = client.openEpisodeStream(onStream); // routed by the reserved id
+    await using second = await stream.createEpisode(ENV_NAME, task, { sessionId: onStream });
+    assert.equal(second.sessionId, onStream);
+    const claimed = [textOf(await first.getPrompt()), textOf(await second.getPrompt())];
+    assert.deepEqual(claimed.sort(), prepared.sort());
+    assert.equal(setupsOf("ts-reserved").length, 3);
   });
 
   test("a prepare naming no task is refused", async () => {

@@ -333,7 +333,7 @@ class StepError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[_Union[_errors_pb2.ErrorReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PrepareEpisodesRequest(_message.Message):
-    __slots__ = ("env_name", "task_specs", "split", "indices", "secrets")
+    __slots__ = ("env_name", "task_specs", "split", "indices", "secrets", "session_ids")
     class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -346,12 +346,14 @@ class PrepareEpisodesRequest(_message.Message):
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     task_specs: _containers.RepeatedCompositeFieldContainer[_types_pb2.JsonValue]
     split: str
     indices: _containers.RepeatedScalarFieldContainer[int]
     secrets: _containers.ScalarMap[str, str]
-    def __init__(self, env_name: _Optional[str] = ..., task_specs: _Optional[_Iterable[_Union[_types_pb2.JsonValue, _Mapping]]] = ..., split: _Optional[str] = ..., indices: _Optional[_Iterable[int]] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env_name: _Optional[str] = ..., task_specs: _Optional[_Iterable[_Union[_types_pb2.JsonValue, _Mapping]]] = ..., split: _Optional[str] = ..., indices: _Optional[_Iterable[int]] = ..., secrets: _Optional[_Mapping[str, str]] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrepareEpisodesResponse(_message.Message):
     __slots__ = ("preparing", "ttl_seconds")
@@ -483,3 +485,15 @@ class ServerError(_message.Message):
     source: str
     message: str
     def __init__(self, time_unix_ms: _Optional[int] = ..., source: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("open_sessions", "seconds_left")
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    open_sessions: int
+    seconds_left: float
+    def __init__(self, open_sessions: _Optional[int] = ..., seconds_left: _Optional[float] = ...) -> None: ...

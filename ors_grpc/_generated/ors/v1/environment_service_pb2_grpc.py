@@ -179,6 +179,11 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/ors.v1.EnvironmentService/Drain',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.DrainRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -424,6 +429,13 @@ class EnvironmentServiceServicer:
         ended is torn down with `teardown()`, and one whose setup has not ended
         within the server's warm setup timeout after the prepare is cancelled
         and torn down. Either frees its place in the session limit.
+
+        With `session_ids` each episode is reserved for its id instead: only a
+        creation under that session id claims it (the same environment, task,
+        secrets and key still required), and a creation by task alone never
+        takes it. Behind a load balancer hashing `x-session-id`, send one
+        request per id with that id as `x-session-id`: the prepare then reaches
+        the backend the creation will reach.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -448,6 +460,20 @@ class EnvironmentServiceServicer:
         their latency over a recent window, the last errors. For a live view of
         what the server is doing (the HTTP door's playground polls it); it needs
         the API key like every RPC but Health.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Starts draining the server (an operator's RPC, as SIGTERM; accepted
+        from loopback peers only, else PERMISSION_DENIED with
+        ERROR_REASON_PEER_NOT_LOCAL): its grpc.health.v1 status turns
+        NOT_SERVING for every service name, new episodes are refused with
+        UNAVAILABLE (ERROR_REASON_DRAINING), prepared episodes not yet claimed
+        are torn down, and the episodes it holds are served until each ends or
+        the drain timeout passes; then `ors-grpc serve` exits. Calling it again
+        only reports how many episodes are left.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -570,6 +596,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.GetServerStats,
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.GetServerStatsResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.DrainRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1222,6 +1253,33 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/GetServerStats',
             ors_dot_v1_dot_environment__service__pb2.GetServerStatsRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.GetServerStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/Drain',
+            ors_dot_v1_dot_environment__service__pb2.DrainRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

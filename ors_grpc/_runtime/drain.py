@@ -1,0 +1,66 @@
+"""Draining: a server about to stop (a rolling deploy) takes no new episode
+but serves the ones it holds until each ends, or until its drain timeout.
+
+`Drain.begin` (SIGTERM in `ors-grpc serve`, or the Drain RPC) turns every
+grpc.health.v1 service name NOT_SERVING, so that Kubernetes and proxies
+with health checks stop sending it new work; refuses new episodes with
+ERROR_REASON_DRAINING (UNAVAILABLE, retryable under a new session id on
+another backend); and ends the prepared episodes nobody can claim now.
+`until_done` then waits for the session table to empty. Stopping the server
+afterwards is the composition root's (`ors_grpc.serving`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ors_grpc._runtime.sessions import SessionTable
+
+__all__ = ["Drain"]
+
+logger = logging.getLogger("ors_grpc.drain")
+
+
+class Drain:
+    """The drain of one server: not begun, then begun (for good)."""
+
+    def __init__(self, sessions: SessionTable, health_servicer: Any, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._sessions = sessions
+        self._health = health_servicer
+        #: Set when the drain begins, by whichever trigger came first.
+        self.begun = asyncio.Event()
+        self._deadline: float | None = None
+
+    async def begin(self) -> None:
+        """Start draining; a no-op once begun."""
+        if self.begun.is_set():
+            return
+        self._deadline = asyncio.get_running_loop().time() + self.timeout_s
+        self.begun.set()
+        logger.info("drain_started open_sessions=%d timeout_s=%g", self._sessions.open_count, self.timeout_s)
+        await self._health.enter_graceful_shutdown()
+        await self._sessions.start_draining()
+
+    @property
+    def open_sessions(self) -> int:
+        return self._sessions.open_count
+
+    @property
+    def seconds_left(self) -> float:
+        """Seconds until the drain timeout (the whole timeout before it began)."""
+        if self._deadline is None:
+            return self.timeout_s
+        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+
+    async def until_done(self) -> bool:
+        """Waits until every episode has ended (True) or the drain timeout passed (False)."""
+        try:
+            await asyncio.wait_for(self._sessions.until_empty(), self.seconds_left)
+        except asyncio.TimeoutError:
+            logger.warning("drain_timed_out open_sessions=%d", self._sessions.open_count)
+            return False
+        logger.info("drain_finished")
+        return True
