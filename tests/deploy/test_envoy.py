@@ -173,3 +173,17 @@ def test_check_mode_runs_300_episodes_over_both_doors_and_clients_losing_none() 
     spread = next(line for line in lines if line.startswith("spread"))
     counts = [int(part.split()[1]) for part in spread.split(": ", 1)[1].split(";")[0].split(", ")]
     assert len(counts) == 3 and sum(counts) == 300 and min(counts) > 0, spread
+
+
+@pytest.mark.slow
+def test_bench_envoy_mode_runs_briefly() -> None:
+    """`python -m bench --envoy` (bench/envoy.py) prints both tables; no timing assertion."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--envoy", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+         "--rounds", "1"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Envoy's added latency per tool call" in done.stdout, done.stdout
+    assert "Through Envoy with 1 and 3 backends" in done.stdout, done.stdout
+    assert "first error" not in done.stdout, done.stdout

@@ -1,0 +1,108 @@
+"""``python -m bench --envoy``: what Envoy adds per call, and what it carries with 1 and 3 backends.
+
+Both parts use the Envoy topology of ``deploy/envoy/run_topology.py``
+(``EnvoyTopology``: each backend serves ``bench.env:BenchEnv`` on its gRPC
+port and its HTTP door; Envoy hashes ``x-session-id`` on a gRPC and an HTTP
+listener) and the benchmark's own closed-loop load generator
+(``bench.load``, episodes of 5 tool calls).
+
+1. Added latency: one backend; the same load, in one run, straight at the
+   backend's door and through Envoy's listener, alternating for
+   ``--rounds`` rounds on each door (gRPC: ``ors_grpc.client`` on
+   RunEpisode streams; HTTP: the aiohttp client of the bridge figures).
+   Per-call p50 and p99 are the median rounds'.
+2. Throughput: episodes/s through Envoy's listeners with 1 and with 3
+   backends, with each backend's share (the sessions its own metrics count)
+   and the errors (lost episodes). On a machine whose cores are shared by
+   the load generator, Envoy and the backends, 3 backends cannot be faster
+   than 1: the figure to read there is the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from bench.run import fmt_ms, run_load
+from deploy.envoy.check import sessions_created
+from deploy.envoy.run_topology import EnvoyTopology, find_envoy
+
+ENVIRONMENT = "bench.env:BenchEnv"
+DOORS = ("grpc", "http")
+BACKEND_COUNTS = (1, 3)
+#: Seconds the load generator may take beyond its warm-up and measured window.
+LOAD_TIMEOUT_MARGIN_S = 120
+
+
+def load(kind: str, target: str, args: argparse.Namespace) -> dict:
+    return run_load(kind, target, "episodes", args.warmup + args.duration + LOAD_TIMEOUT_MARGIN_S,
+                    workers=args.workers, warmup=args.warmup, duration=args.duration)
+
+
+def targets(topology: EnvoyTopology, door: str) -> dict[str, str]:
+    """Where the load goes on `door`: the backend's own door, and Envoy's listener."""
+    backend = topology.backends[0]
+    if door == "grpc":
+        return {"direct": backend.grpc_target, "envoy": topology.grpc_target}
+    return {"direct": f"http://{backend.http_target}", "envoy": topology.http_url}
+
+
+def median_of(loads: list[dict], key: str) -> float:
+    return statistics.median(result["tool_calls"][key] for result in loads)
+
+
+def measure_latency(args: argparse.Namespace) -> None:
+    """Direct vs through Envoy on each door, alternating, one backend."""
+    with EnvoyTopology(1, (ENVIRONMENT,)) as topology:
+        results: dict[tuple[str, str], list[dict]] = {}
+        for _ in range(args.rounds):
+            for door in DOORS:
+                for path, target in targets(topology, door).items():
+                    results.setdefault((door, path), []).append(load(door, target, args))
+    print(f"\n## Envoy's added latency per tool call: 1 backend, {args.workers} workers, {args.duration:g} s"
+          f" per measurement (after {args.warmup:g} s warm-up), {args.rounds} rounds alternating direct and Envoy")
+    print(f"{'door':>5} {'path':>7} {'episodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    for door in DOORS:
+        for path in ("direct", "envoy"):
+            loads = results[(door, path)]
+            rate = statistics.median(result["episodes"] / result["seconds"] for result in loads)
+            print(f"{door:>5} {path:>7} {rate:>10.1f} {fmt_ms(median_of(loads, 'p50')):>8}"
+                  f" {fmt_ms(median_of(loads, 'p99')):>8} {sum(result['errors'] for result in loads):>6}")
+        added = {key: median_of(results[(door, "envoy")], key) - median_of(results[(door, "direct")], key)
+                 for key in ("p50", "p99")}
+        print(f"{door:>5} {'added':>7} {'':>10} {fmt_ms(added['p50']):>8} {fmt_ms(added['p99']):>8}")
+
+
+def measure_throughput(backends: int, door: str, args: argparse.Namespace) -> str:
+    """One row: episodes/s through Envoy's `door` listener with `backends` backends, and the spread."""
+    with EnvoyTopology(backends, (ENVIRONMENT,)) as topology:
+        before = [sessions_created(backend.metrics_url) for backend in topology.backends]
+        result = load(door, targets(topology, door)["envoy"], args)
+        time.sleep(0.5)  # Envoy's access log, flushed every 100 ms
+        shares = [sessions_created(backend.metrics_url) - count for backend, count in zip(topology.backends, before)]
+        split = sum(len(answered) > 1 for answered in topology.routes().values())
+    spread = " / ".join(f"{share / sum(shares):.0%}" for share in shares) if sum(shares) else "-"
+    row = (f"{door:>5} {backends:>8} {result['episodes'] / result['seconds']:>10.1f}"
+           f" {fmt_ms(result['tool_calls']['p50']):>8} {fmt_ms(result['tool_calls']['p99']):>8}"
+           f" {result['errors']:>6} {split:>5}  {spread} of {sum(shares)} sessions")
+    if result["first_error"]:
+        row += f"\n      first error: {result['first_error']}"
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    if find_envoy() is None:
+        print("Envoy figures skipped: Envoy is not installed (pip install -e '.[deploy]')")
+        return 1
+    measure_latency(args)
+    rows = [measure_throughput(backends, door, args) for door in DOORS for backends in BACKEND_COUNTS]
+    print(f"\n## Through Envoy with 1 and 3 backends: {args.workers} workers, {args.duration:g} s"
+          f" (after {args.warmup:g} s warm-up), on {os.cpu_count()} CPUs shared by the load generator,"
+          f" Envoy and the backends")
+    print(f"{'door':>5} {'backends':>8} {'episodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'split':>5}"
+          f"  sessions per backend")
+    for row in rows:
+        print(row)
+    return 0
