@@ -137,11 +137,18 @@ class Backend:
 
 
 def start_backend(name: str, environments: Sequence[str], serve_args: Sequence[str], workdir: Path,
-                  *, http_door: bool = False) -> Backend:
-    """Starts `ors-grpc serve` on free ports (and `--http-port` when `http_door`); returns once it listens."""
-    doors = ["--http-port", "0"] if http_door else []
+                  *, http_door: bool = False, like: Backend | None = None) -> Backend:
+    """Starts `ors-grpc serve` on free ports (and `--http-port` when `http_door`), or on the
+    ports of `like` (its replacement: a proxy's static configuration names them); returns once it listens."""
+
+    def port(target: str | None) -> str:
+        return target.rpartition(":")[2] if like is not None and target else "0"
+
+    metrics = like.metrics_url.rpartition(":")[2].partition("/")[0] if like is not None else "0"
+    doors = ["--http-port", port(like.http_target if like else None)] if http_door else []
     child = Child(name, python_cli(
-        "serve", *environments, "--host", HOST, "--port", "0", "--metrics-port", "0", *doors, *serve_args,
+        "serve", *environments, "--host", HOST, "--port", port(like.grpc_target if like else None),
+        "--metrics-port", metrics, *doors, *serve_args,
     ), workdir)
     child.start()
     ports = child.wait_listening({"gRPC", "metrics", *(["HTTP"] if http_door else [])})

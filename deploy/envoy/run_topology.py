@@ -262,6 +262,19 @@ class EnvoyTopology:
                 answered[entry.route_key].add(index)
         return dict(answered)
 
+    def drain_backend(self, index: int, timeout: float) -> None:
+        """SIGTERM backend `index` (a drain: it serves its open episodes, then exits) and wait for its exit."""
+        child = self.backends[index].child
+        child.stop(signal.SIGTERM, grace=timeout)
+
+    def replace_backend(self, index: int) -> None:
+        """A new backend in place of `index` (after it exited), on the same ports; returns once Envoy sees it healthy."""
+        old = self.backends[index]
+        healthy = self.healthy_backends()
+        self.backends[index] = start_backend(f"backend-{index}-{old.pid}-next", self.environments, self.serve_args,
+                                             self.workdir, http_door=True, like=old)
+        self.wait_healthy(healthy | {index})
+
     def kill_backend(self, index: int) -> None:
         """SIGKILL backend `index`: a crash, its sessions are lost."""
         self.backends[index].child.stop(signal.SIGKILL)

@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import aiohttp
@@ -33,6 +35,12 @@ ENVIRONMENT = "whoami"
 WHOAMI = ("tests.support.scaleout_env:WhoAmI",)
 #: Bound on a call to a lost session: it must fail, not hang.
 LOST_CALL_BOUND_S = 30.0
+#: The rolling restart's load: closed-loop workers running episodes of 8 steps 0.25 s apart.
+LOAD_WORKERS = 12
+LONG_EPISODE_STEPS = 8
+LONG_EPISODE_PAUSE_S = 0.25
+LOAD_BEFORE_RESTART_S = 3.0
+DRAIN_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +165,66 @@ def test_the_kubernetes_configuration_is_one_envoy_accepts(tmp_path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK" in done.stdout
+
+
+@dataclass(frozen=True)
+class LongEpisode:
+    pids: tuple[int, ...]
+    started: float  # time.monotonic(), for ordering against the drains
+    ended: float
+
+
+async def long_episode(env, index: int) -> LongEpisode:
+    """Steps a while apart, then a submit: an episode that outlives a backend's drain starting."""
+    task = TASKS[index % len(TASKS)]
+    started = time.monotonic()
+    async with env.session(split="train", index=index % len(TASKS)) as session:
+        outputs = []
+        for _ in range(LONG_EPISODE_STEPS):
+            outputs.append(await session.call_tool("add", {"a": task["a"], "b": task["b"]}))
+            await asyncio.sleep(LONG_EPISODE_PAUSE_S)
+        outputs.append(await session.call_tool("submit", {"answer": int(outputs[-1].blocks[0].text)}))
+    assert (outputs[-1].reward, outputs[-1].finished) == (1.0, True)
+    return LongEpisode(tuple(output.metadata["pid"] for output in outputs), started, time.monotonic())
+
+
+@pytest.mark.slow
+async def test_a_rolling_restart_of_every_backend_under_load_loses_no_episode() -> None:
+    # Each backend in turn: SIGTERM (a drain: NOT_SERVING, so Envoy takes it out of
+    # the ring; its episodes end on their streams), then a new one on its ports.
+    episodes: list[LongEpisode] = []
+    failures: list[str] = []
+    drains: list[tuple[int, float]] = []  # (pid, when it began)
+    with EnvoyTopology(3, WHOAMI, serve_args=("--drain-timeout", str(DRAIN_TIMEOUT_S))) as topology:
+        async with AsyncORSClient(topology.grpc_target) as client:
+            env = client.environment(ENVIRONMENT)
+            stop = asyncio.Event()
+
+            async def worker(first: int) -> None:
+                index = first
+                while not stop.is_set():
+                    try:
+                        episodes.append(await long_episode(env, index))
+                    except Exception as error:  # noqa: BLE001 - a lost episode, whatever the cause
+                        failures.append(f"episode {index}: {error!r}")
+                    index += LOAD_WORKERS
+
+            load = [asyncio.create_task(worker(first)) for first in range(LOAD_WORKERS)]
+            await asyncio.sleep(LOAD_BEFORE_RESTART_S)
+            for index in range(len(topology.backends)):
+                drains.append((topology.backends[index].pid, time.monotonic()))
+                await asyncio.to_thread(topology.drain_backend, index, DRAIN_TIMEOUT_S)
+                await asyncio.to_thread(topology.replace_backend, index)
+            await asyncio.sleep(LOAD_BEFORE_RESTART_S)
+            stop.set()
+            await asyncio.gather(*load)
+        new_pids = {backend.pid for backend in topology.backends}
+
+    assert failures == []
+    assert all(len(set(episode.pids)) == 1 for episode in episodes)
+    for pid, began in drains:  # every drain let episodes it held run to their end on it
+        assert any(episode.pids[0] == pid and episode.started < began < episode.ended for episode in episodes), pid
+    assert new_pids <= {episode.pids[0] for episode in episodes}  # and the replacements served
 
 
 @pytest.mark.slow
