@@ -8,20 +8,23 @@ child never blocks, and the log stays for a post-mortem).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 __all__ = [
-    "HOST", "REPO_ROOT", "Backend", "Child", "free_port", "python_cli", "render_template", "start_backend",
-    "wait_for_stop_signal",
+    "HOST", "REPO_ROOT", "Backend", "Child", "LoopbackTopology", "free_port", "python_cli", "render_template",
+    "start_backend", "topology_parser", "wait_for_stop_signal",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +157,81 @@ def start_backend(name: str, environments: Sequence[str], serve_args: Sequence[s
     ports = child.wait_listening({"gRPC", "metrics", *(["HTTP"] if http_door else [])})
     return Backend(child, f"{HOST}:{ports['gRPC']}", f"http://{HOST}:{ports['metrics']}/metrics",
                    f"{HOST}:{ports['HTTP']}" if http_door else None)
+
+
+class LoopbackTopology:
+    """What the topologies share: `backends`, the processes in front of them
+    (`front()`, stopped first), a scratch directory kept on stop only with
+    `keep_workdir`; a context manager around `start()` / `stop()`."""
+
+    backends_count: int
+    backends: list[Backend]
+    workdir: Path
+    keep_workdir: bool
+    workdir_prefix = "ors-topology-"
+
+    @property
+    def access_log_path(self) -> Path:
+        return self.workdir / "access.log"
+
+    def start(self) -> "LoopbackTopology":
+        """The backends, then what is in front of them; everything stopped again if one fails."""
+        self.check_tools()
+        self.workdir = Path(tempfile.mkdtemp(prefix=self.workdir_prefix))
+        # A proxy's workers may run as another user (nginx started as root): let them in.
+        self.workdir.chmod(0o755)
+        try:
+            for index in range(self.backends_count):
+                self.backends.append(self.start_backend(index))
+            self.start_front()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def check_tools(self) -> None:
+        """RuntimeError, saying how to install it, when the proxy is missing."""
+        raise NotImplementedError
+
+    def start_backend(self, index: int) -> Backend:
+        raise NotImplementedError
+
+    def start_front(self) -> None:
+        """Starts the processes in front of the backends."""
+        raise NotImplementedError
+
+    def front(self) -> list[Child]:
+        """The processes in front of the backends, in the order they are stopped."""
+        raise NotImplementedError
+
+    def kill_backend(self, index: int) -> None:
+        """SIGKILL backend `index`: a crash, its sessions are lost."""
+        self.backends[index].child.stop(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """The front processes, then the backends (each gracefully, SIGKILL if stuck)."""
+        for child in self.front():
+            child.stop()
+        for backend in self.backends:
+            backend.child.stop()
+        if not self.keep_workdir and hasattr(self, "workdir"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def topology_parser(description: str, default_environment: str, config: str) -> argparse.ArgumentParser:
+    """The options every run_topology.py takes: environments, --backends, --keep."""
+    parser = argparse.ArgumentParser(prog="run_topology.py", description=description)
+    parser.add_argument("environments", nargs="*", metavar="ENV",
+                        help=f"module.path:ClassName for every backend (default {default_environment})")
+    parser.add_argument("--backends", type=int, default=3, help="number of ors-grpc serve backends (3)")
+    parser.add_argument("--keep", action="store_true", help=f"keep the scratch directory (logs, {config})")
+    return parser
 
 
 def wait_for_stop_signal() -> None:

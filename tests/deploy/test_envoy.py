@@ -25,6 +25,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.client import AsyncORSClient, ORSServerError
 from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
+from tests.support.lost_sessions import call_failure, open_sessions_on_every_backend
 from tests.support.scaleout_env import TASKS
 
 pytestmark = pytest.mark.skipif(
@@ -33,8 +34,6 @@ pytestmark = pytest.mark.skipif(
 
 ENVIRONMENT = "whoami"
 WHOAMI = ("tests.support.scaleout_env:WhoAmI",)
-#: Bound on a call to a lost session: it must fail, not hang.
-LOST_CALL_BOUND_S = 30.0
 #: The rolling restart's load: closed-loop workers running episodes of 8 steps 0.25 s apart.
 LOAD_WORKERS = 12
 LONG_EPISODE_STEPS = 8
@@ -105,36 +104,12 @@ async def test_both_doors_hash_a_session_to_the_same_backend(topology: EnvoyTopo
             assert prompt.blocks[0].text.text == f"What is {TASKS[0]['a']} + {TASKS[0]['b']}?"
 
 
-async def call_failure(coroutine) -> Exception:
-    """The exception a call must raise promptly; fails the test if it hangs or succeeds."""
-    try:
-        await asyncio.wait_for(coroutine, LOST_CALL_BOUND_S)
-    except asyncio.TimeoutError:
-        pytest.fail(f"a call on a lost session hung for {LOST_CALL_BOUND_S} s")
-    except Exception as exc:
-        return exc
-    pytest.fail("a call on a lost session succeeded")
-
-
-async def open_sessions(env, stack: contextlib.AsyncExitStack, victim_pid: int) -> list[tuple[object, int]]:
-    """Sessions (each answers once, naming its backend) until some are on the victim and some elsewhere."""
-    held: list[tuple[object, int]] = []
-    for _ in range(100):
-        session = await stack.enter_async_context(env.session(split="train", index=0))
-        output = await session.call_tool("add", {"a": 1, "b": 1})
-        held.append((session, output.metadata["pid"]))
-        on_victim = sum(pid == victim_pid for _, pid in held)
-        if on_victim >= 2 and len(held) - on_victim >= 2:
-            break
-    return held
-
-
 async def test_a_killed_backend_fails_its_sessions_fast_and_clearly_and_no_other(topology: EnvoyTopology) -> None:
     victim = topology.backends[0]
     async with AsyncORSClient(topology.grpc_target) as client, http_environment(topology) as http_env, \
             contextlib.AsyncExitStack() as stack:
-        on_grpc = await open_sessions(client.environment(ENVIRONMENT), stack, victim.pid)
-        on_http = await open_sessions(http_env, stack, victim.pid)
+        on_grpc = await open_sessions_on_every_backend(client.environment(ENVIRONMENT), stack, victim.pid)
+        on_http = await open_sessions_on_every_backend(http_env, stack, victim.pid)
 
         topology.kill_backend(0)  # SIGKILL: a crash
 
