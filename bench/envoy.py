@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from bench.run import fmt_ms, run_load
+from bench.scaleout import cpu_seconds
 from deploy.envoy.check import sessions_created
 from deploy.envoy.run_topology import EnvoyTopology, find_envoy
 
@@ -55,6 +56,16 @@ def median_of(loads: list[dict], key: str) -> float:
     return statistics.median(result["tool_calls"][key] for result in loads)
 
 
+def load_with_cpu(door: str, target: str, topology: EnvoyTopology, args: argparse.Namespace) -> dict:
+    """`load`, plus the cores' worth of CPU the backend and Envoy used meanwhile."""
+    pids = {"backend_cpu": topology.backends[0].pid, "envoy_cpu": topology.envoy.pid}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    started = time.perf_counter()
+    result = load(door, target, args)
+    elapsed = time.perf_counter() - started
+    return {**result, **{name: (cpu_seconds(pid) - before[name]) / elapsed for name, pid in pids.items()}}
+
+
 def measure_latency(args: argparse.Namespace) -> None:
     """Direct vs through Envoy on each door, alternating, one backend."""
     with EnvoyTopology(1, (ENVIRONMENT,)) as topology:
@@ -62,16 +73,19 @@ def measure_latency(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             for door in DOORS:
                 for path, target in targets(topology, door).items():
-                    results.setdefault((door, path), []).append(load(door, target, args))
+                    results.setdefault((door, path), []).append(load_with_cpu(door, target, topology, args))
     print(f"\n## Envoy's added latency per tool call: 1 backend, {args.workers} workers, {args.duration:g} s"
           f" per measurement (after {args.warmup:g} s warm-up), {args.rounds} rounds alternating direct and Envoy")
-    print(f"{'door':>5} {'path':>7} {'episodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    print(f"{'door':>5} {'path':>7} {'episodes/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+          f" {'backend CPU':>11} {'Envoy CPU':>9}")
     for door in DOORS:
         for path in ("direct", "envoy"):
             loads = results[(door, path)]
             rate = statistics.median(result["episodes"] / result["seconds"] for result in loads)
+            cpu = {name: statistics.median(result[name] for result in loads) for name in ("backend_cpu", "envoy_cpu")}
             print(f"{door:>5} {path:>7} {rate:>10.1f} {fmt_ms(median_of(loads, 'p50')):>8}"
-                  f" {fmt_ms(median_of(loads, 'p99')):>8} {sum(result['errors'] for result in loads):>6}")
+                  f" {fmt_ms(median_of(loads, 'p99')):>8} {sum(result['errors'] for result in loads):>6}"
+                  f" {cpu['backend_cpu']:>11.0%} {cpu['envoy_cpu']:>9.0%}")
         added = {key: median_of(results[(door, "envoy")], key) - median_of(results[(door, "direct")], key)
                  for key in ("p50", "p99")}
         print(f"{door:>5} {'added':>7} {'':>10} {fmt_ms(added['p50']):>8} {fmt_ms(added['p99']):>8}")
