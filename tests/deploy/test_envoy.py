@@ -1,4 +1,4 @@
-"""Envoy in front of 3 `ors-grpc serve` backends (deploy/envoy/): ring hash on x-session-id on a gRPC
+"""Envoy in front of 3 `ors-grpc serve` backends (deploy/envoy/): Maglev hashing of x-session-id on a gRPC
 and an HTTP listener, grpc.health.v1 health checks, outlier detection.
 
 Which backend answered is read from the results (every tool output of the test environment
@@ -88,7 +88,7 @@ async def test_every_session_over_either_door_is_answered_by_one_backend(topolog
 
 
 async def test_both_doors_hash_a_session_to_the_same_backend(topology: EnvoyTopology) -> None:
-    # The rings of the two clusters are keyed by backend (endpoint hash_key), not by
+    # The tables of the two clusters are keyed by backend (endpoint hash_key), not by
     # port: a session created over HTTP is found by gRPC calls routed by its id.
     async with aiohttp.ClientSession(base_url=topology.http_url) as http, \
             grpc.aio.insecure_channel(topology.grpc_target) as channel:
@@ -116,7 +116,7 @@ async def test_a_killed_backend_fails_its_sessions_fast_and_clearly_and_no_other
         for session, pid in on_grpc + on_http:
             if pid == victim.pid:
                 error = await call_failure(session.call_tool("add", {"a": 1, "b": 1}))
-                # Envoy sends the call to the next backend on the ring, which does not hold the session.
+                # Envoy sends the call to another backend, which does not hold the session.
                 if isinstance(error, ORSServerError):
                     assert error.reason == "ERROR_REASON_SESSION_NOT_FOUND", error
                 else:
@@ -125,7 +125,7 @@ async def test_a_killed_backend_fails_its_sessions_fast_and_clearly_and_no_other
                 output = await session.call_tool("add", {"a": 2, "b": 3})
                 assert (output.blocks[0].text, output.metadata["pid"]) == ("5", pid)
 
-        topology.wait_healthy({1, 2})  # the gRPC health checks took it out of both rings
+        topology.wait_healthy({1, 2})  # the gRPC health checks took it out of both tables
         fresh = await asyncio.gather(*(whoami_episode(http_env if index % 2 else client.environment(ENVIRONMENT),
                                                       index) for index in range(30)))
     assert {episode[0] for episode in fresh} <= {backend.pid for backend in topology.backends[1:]}
@@ -166,7 +166,7 @@ async def long_episode(env, index: int) -> LongEpisode:
 @pytest.mark.slow
 async def test_a_rolling_restart_of_every_backend_under_load_loses_no_episode() -> None:
     # Each backend in turn: SIGTERM (a drain: NOT_SERVING, so Envoy takes it out of
-    # the ring; its episodes end on their streams), then a new one on its ports.
+    # its table; its episodes end on their streams), then a new one on its ports.
     episodes: list[LongEpisode] = []
     failures: list[str] = []
     drains: list[tuple[int, float]] = []  # (pid, when it began)
