@@ -27,8 +27,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from bench.run import fmt_ms, run_load
 from bench.scaleout import cpu_seconds
+from bench.servers import run_load
+from bench.stats import fmt_ms
 from deploy.envoy.check import sessions_created
 from deploy.envoy.run_topology import EnvoyTopology, find_envoy
 
