@@ -213,7 +213,7 @@ class LoopbackTopology:
         for child in self.front():
             child.stop()
         for backend in self.backends:
-            backend.child.stop()
+            backend.child.stop(signal.SIGINT)  # at once: SIGTERM would drain the episodes still open
         if not self.keep_workdir and hasattr(self, "workdir"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
