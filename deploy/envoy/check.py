@@ -11,6 +11,10 @@ the task's answer; one that raised or was not rewarded 1 is lost.
 Affinity is read from two sides: Envoy's access log (every routing key
 answered by one backend: no split session) and the backends' own
 `ors_sessions_created_total` (they add up to the episodes: the spread).
+Then warm episodes: 30 per door prepared for reserved session ids (one
+routed prepare per id) and created under those ids; the backends' own
+`ors_warm_episodes_ended_total{outcome="claimed"}` counts the claims (at
+least 95% are expected).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.processes import REPO_ROOT
 
 __all__ = [
-    "Outcome", "http_episodes", "python_episodes", "run_check", "sessions_created", "task_answers", "typescript_episodes",
+    "Outcome", "http_episodes", "python_episodes", "run_check", "run_warm_check", "sessions_created", "task_answers",
+    "typescript_episodes",
 ]
 
 ENVIRONMENT = "arithmetic"
@@ -153,12 +159,17 @@ async def typescript_episodes(target: str, count: int, concurrency: int = CONCUR
     return outcome
 
 
-def sessions_created(metrics_url: str) -> int:
-    """Episodes a backend created, from its own `ors_sessions_created_total`."""
+def _metric_total(metrics_url: str, name: str, **labels: str) -> float:
+    """The sum of a backend's samples of `name` whose labels include `labels`."""
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
         text = response.read().decode()
-    return round(sum(sample.value for family in text_string_to_metric_families(text)
-                     for sample in family.samples if sample.name == "ors_sessions_created_total"))
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
+
+
+def sessions_created(metrics_url: str) -> int:
+    """Episodes a backend created, from its own `ors_sessions_created_total`."""
+    return round(_metric_total(metrics_url, "ors_sessions_created_total"))
 
 
 async def mixed_episodes(grpc_target: str, http_url: str, count: int) -> list[Outcome]:
@@ -170,6 +181,69 @@ async def mixed_episodes(grpc_target: str, http_url: str, count: int) -> list[Ou
         typescript_episodes(grpc_target, third),
         http_episodes(http_url, third, answers),
     ))
+
+
+#: Prepared episodes per door in the warm part of the check; claimed must reach this share.
+WARM_EPISODES = 30
+WARM_CLAIMED_GOAL = 0.95
+
+
+def warm_tasks(door: str, count: int) -> list[dict[str, Any]]:
+    """Task specs of `arithmetic` none of the other episodes uses (a claim needs the same task)."""
+    return [{"id": f"warm-{door}-{n}", "question": f"What is {n} + {n}?", "answer": 2 * n} for n in range(count)]
+
+
+async def python_warm_episodes(target: str, count: int) -> None:
+    """Prepares `count` episodes for reserved session ids (one routed prepare each, by
+    `ors_grpc.client`), then runs an episode under every id: each should claim its own."""
+    from ors_grpc.client import AsyncORSClient
+
+    tasks = warm_tasks("grpc", count)
+    ids = [str(uuid.uuid4()) for _ in tasks]
+    async with AsyncORSClient(target) as client:
+        env = client.environment(ENVIRONMENT)
+        await env.prepare(tasks, session_ids=ids)
+        for task, sid in zip(tasks, ids):
+            async with env.session(task, session_id=sid) as session:
+                await session.get_prompt()
+                done = await session.call_tool("submit", {"answer": task["answer"]})
+                _expect(done.reward == 1.0, f"submit: {done.reward}")
+
+
+async def http_warm_episodes(url: str, count: int) -> None:
+    """The same over the HTTP door: `/{env}/prepare` of one task under an X-Session-ID, then `/create` under it."""
+    import aiohttp
+
+    tasks = warm_tasks("http", count)
+    ids = [str(uuid.uuid4()) for _ in tasks]
+    async with aiohttp.ClientSession(base_url=url) as http:
+        for task, sid in zip(tasks, ids):
+            async with http.post(f"/{ENVIRONMENT}/prepare", json={"task_specs": [task]},
+                                 headers={"X-Session-ID": sid}) as response:
+                _expect(response.status == 200, f"prepare: {response.status} {await response.text()}")
+        for task, sid in zip(tasks, ids):
+            headers = {"X-Session-ID": sid}
+            async with http.post("/create", json={"env_name": ENVIRONMENT, "task_spec": task}, headers=headers) as response:
+                _expect(response.status == 200, f"create: {response.status} {await response.text()}")
+            async with http.post("/delete", headers=headers) as response:
+                _expect(response.status == 200, f"delete: {response.status}")
+
+
+def warm_claimed(metrics_url: str) -> int:
+    """Prepared episodes a backend saw claimed, from its own `ors_warm_episodes_ended_total`."""
+    return round(_metric_total(metrics_url, "ors_warm_episodes_ended_total", outcome="claimed"))
+
+
+def run_warm_check(topology: Any, per_door: int = WARM_EPISODES) -> tuple[int, list[int]]:
+    """Prepared episodes claimed through `topology`'s two doors: (prepared, claimed per backend)."""
+    before = [warm_claimed(backend.metrics_url) for backend in topology.backends]
+
+    async def both_doors() -> None:
+        await asyncio.gather(python_warm_episodes(topology.grpc_target, per_door),
+                             http_warm_episodes(topology.http_url, per_door))
+
+    asyncio.run(both_doors())
+    return 2 * per_door, [warm_claimed(backend.metrics_url) - count for backend, count in zip(topology.backends, before)]
 
 
 def split_sessions(routes: dict[str, set[int]]) -> list[str]:
@@ -197,5 +271,9 @@ def run_check(topology: Any, episodes: int) -> int:
     print(f"spread (sessions each backend created): {spread}; {episodes / elapsed:.1f} episodes/s")
     if split:
         print(f"split routing keys (first {MAX_ERRORS_SHOWN}): {split[:MAX_ERRORS_SHOWN]}")
+    prepared, claimed = run_warm_check(topology)
+    print(f"warm episodes: {prepared} prepared for reserved session ids over both doors, {sum(claimed)} claimed"
+          f" ({sum(claimed) / prepared:.0%}), per backend {claimed}")
     print(f"envoy topology: {episodes} episodes, {lost} lost, {len(split)} split sessions", flush=True)
-    return 0 if lost == 0 and not split and sum(created) == episodes else 1
+    warm_ok = sum(claimed) >= WARM_CLAIMED_GOAL * prepared
+    return 0 if lost == 0 and not split and sum(created) == episodes and warm_ok else 1

@@ -20,6 +20,7 @@ import grpc
 import pytest
 from ors.client import AsyncORS
 
+from deploy.envoy.check import WARM_CLAIMED_GOAL, run_warm_check
 from deploy.envoy.run_topology import REPO_ROOT, EnvoyTopology, find_envoy, kubernetes_config
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
@@ -142,6 +143,15 @@ def test_the_kubernetes_configuration_is_one_envoy_accepts(tmp_path) -> None:
     assert "OK" in done.stdout
 
 
+def test_episodes_prepared_for_reserved_session_ids_are_claimed_through_either_door() -> None:
+    # One routed prepare per reserved id lands where that id's creation will.
+    with EnvoyTopology(3) as arithmetic:
+        prepared, claimed = run_warm_check(arithmetic)
+    print(f"warm episodes behind Envoy: {sum(claimed)}/{prepared} claimed, per backend {claimed}")
+    assert sum(claimed) >= WARM_CLAIMED_GOAL * prepared
+    assert sum(1 for count in claimed if count) > 1  # the ids spread over the backends
+
+
 @dataclass(frozen=True)
 class LongEpisode:
     pids: tuple[int, ...]
@@ -217,6 +227,7 @@ def test_check_mode_runs_300_episodes_over_both_doors_and_clients_losing_none() 
     assert lines[-1] == "envoy topology: 300 episodes, 0 lost, 0 split sessions"
     for client in ("python gRPC", "TypeScript gRPC", "HTTP ors.client"):
         assert f"{client}: 100 episodes, 0 lost" in lines
+    assert any(line.startswith("warm episodes: 60 prepared") for line in lines), lines
     spread = next(line for line in lines if line.startswith("spread"))
     counts = [int(part.split()[1]) for part in spread.split(": ", 1)[1].split(";")[0].split(", ")]
     assert len(counts) == 3 and sum(counts) == 300 and min(counts) > 0, spread
