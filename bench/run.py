@@ -261,6 +261,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scaleout-backends", default="1,2", help="backend counts to compare (1,2)")
     parser.add_argument("--scaleout-step-ms", type=float, default=0.0,
                         help="CPU milliseconds each scale-out step spends in the backend (0)")
+    parser.add_argument("--envoy", action="store_true",
+                        help="instead: Envoy's added latency and episodes/s through it with 1 and 3 backends"
+                             " (bench/envoy.py)")
     parser.add_argument("--setup-seconds", type=float, default=None, metavar="S",
                         help="instead: a trainer's batch loop over episodes whose setup takes S seconds,"
                              " with and without preparing the next batch (warm episodes; bench/warm.py)")
@@ -284,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     print_header(args)
     if args.scaleout:
         from bench.scaleout import run
+        return run(args)
+    if args.envoy:
+        from bench.envoy import run
         return run(args)
     results = measure_doors(args)
     print_load_table(results, args)

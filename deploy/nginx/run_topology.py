@@ -17,43 +17,31 @@ needed.
 
 from __future__ import annotations
 
-import argparse
-import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["Topology", "find_nginx", "render_config"]
+if __package__ in (None, ""):  # run as a script: the repository root makes `deploy` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from deploy.processes import (  # noqa: E402
+    HOST, REPO_ROOT, Backend, Child, LoopbackTopology, free_port, python_cli, render_template, start_backend,
+    topology_parser, wait_for_stop_signal,
+)
+
+__all__ = ["REPO_ROOT", "Topology", "find_nginx", "render_config"]
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
 TEMPLATE = HERE / "ors-grpc.conf.template"
 DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
-LISTENING = re.compile(r"^(gRPC|HTTP|metrics) listening on (\S+):(\d+)$", re.MULTILINE)
-STARTUP_TIMEOUT_S = 30.0
-STOP_GRACE_S = 10.0
-HOST = "127.0.0.1"
 
 
 def find_nginx() -> str | None:
     """The nginx binary: on PATH, else Debian's /usr/sbin/nginx (not on a user's PATH)."""
     found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
     return found
-
-
-def free_port() -> int:
-    """A port the OS calls free now (nginx cannot bind port 0 and report it)."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def render_config(
@@ -68,7 +56,7 @@ def render_config(
 ) -> str:
     """The nginx configuration for these backends; `access_log` is a path (or None: off)."""
     servers = "\n".join(f"        server {target} max_fails=1 fail_timeout=5s;" for target in backend_targets)
-    values = {
+    return render_template(TEMPLATE, {
         "PREFIX": str(prefix),
         "LISTEN": f"{HOST}:{listen_port}",
         "UPSTREAM_SERVERS": servers,
@@ -76,94 +64,7 @@ def render_config(
         "MAX_BODY": max_body,
         "CONNECT_TIMEOUT": connect_timeout,
         "CALL_TIMEOUT": call_timeout,
-    }
-    text = TEMPLATE.read_text()
-    for name, value in values.items():
-        text = text.replace("{{" + name + "}}", value)
-    leftover = re.search(r"\{\{\w+\}\}", text)
-    if leftover:
-        raise ValueError(f"unfilled placeholder {leftover.group(0)} in {TEMPLATE}")
-    return text
-
-
-class Child:
-    """A child process whose output goes to a log file in the scratch directory
-    (a file, not a pipe: a chatty child never blocks, and the log stays for a post-mortem)."""
-
-    def __init__(self, name: str, argv: list[str], workdir: Path) -> None:
-        self.name = name
-        self.argv = argv
-        self.log_path = workdir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        with open(self.log_path, "wb") as log:
-            # Own session: a Ctrl-C in the terminal reaches only us, and we stop children in order.
-            self.proc = subprocess.Popen(self.argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-    def wait_listening(self, doors: set[str], timeout: float = STARTUP_TIMEOUT_S) -> dict[str, int]:
-        """The ports this child announced (`<door> listening on HOST:PORT`), once all of `doors` are."""
-        deadline = time.monotonic() + timeout
-        while True:
-            ports = {door: int(port) for door, _, port in LISTENING.findall(self.log_path.read_text(errors="replace"))}
-            if doors <= ports.keys():
-                return ports
-            self._check_alive(deadline)
-            time.sleep(0.05)
-
-    def wait_port(self, port: int, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        """Until something accepts connections on `port` (for nginx, which prints nothing)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                socket.create_connection((HOST, port), timeout=1).close()
-                return
-            except OSError:
-                self._check_alive(deadline)
-                time.sleep(0.05)
-
-    def _check_alive(self, deadline: float) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with status {self.proc.returncode}:\n{self.log_tail()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{self.name} did not start in time:\n{self.log_tail()}")
-
-    def stop(self, sig: int = signal.SIGTERM, grace: float = STOP_GRACE_S) -> None:
-        """Send `sig` (SIGKILL: a crash), wait; SIGKILL if it lingers past `grace`."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@dataclass
-class Backend:
-    child: Child
-    grpc_target: str
-    metrics_url: str
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
+    })
 
 
 @dataclass
@@ -174,7 +75,7 @@ class Bridge:
 
 
 @dataclass
-class Topology:
+class Topology(LoopbackTopology):
     """K backends behind nginx behind B bridges, all on loopback. Use as a
     context manager (or `start()`/`stop()`); the scratch directory keeps every
     log and the rendered nginx.conf, and is removed on stop unless `keep_workdir`."""
@@ -195,38 +96,17 @@ class Topology:
     def bridge_urls(self) -> list[str]:
         return [bridge.http_url for bridge in self.bridges]
 
-    @property
-    def access_log_path(self) -> Path:
-        return self.workdir / "access.log"
-
-    def start(self) -> "Topology":
-        nginx = find_nginx()
-        if nginx is None:
+    def check_tools(self) -> None:
+        if find_nginx() is None:
             raise RuntimeError("nginx is not installed (Debian: apt-get install -y nginx)")
-        self.workdir = Path(tempfile.mkdtemp(prefix="ors-topology-"))
-        # nginx's workers may run as another user (when started as root): let them in.
-        self.workdir.chmod(0o755)
-        try:
-            for index in range(self.backends_count):
-                self.backends.append(self._start_backend(index))
-            self._start_nginx(nginx)
-            for index in range(self.bridges_count):
-                self.bridges.append(self._start_bridge(index))
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def _python_cli(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "ors_grpc.cli", *args]
+    def start_backend(self, index: int) -> Backend:
+        return start_backend(f"backend-{index}", self.environments, self.serve_args, self.workdir)
 
-    def _start_backend(self, index: int) -> Backend:
-        child = Child(f"backend-{index}", self._python_cli(
-            "serve", *self.environments, "--host", HOST, "--port", "0", "--metrics-port", "0", *self.serve_args,
-        ), self.workdir)
-        child.start()
-        ports = child.wait_listening({"gRPC", "metrics"})
-        return Backend(child, f"{HOST}:{ports['gRPC']}", f"http://{HOST}:{ports['metrics']}/metrics")
+    def start_front(self) -> None:
+        self._start_nginx(str(find_nginx()))
+        for index in range(self.bridges_count):
+            self.bridges.append(self._start_bridge(index))
 
     def _start_nginx(self, nginx: str) -> None:
         port = free_port()
@@ -244,33 +124,16 @@ class Topology:
         self.nginx_target = f"{HOST}:{port}"
 
     def _start_bridge(self, index: int) -> Bridge:
-        child = Child(f"bridge-{index}", self._python_cli(
+        child = Child(f"bridge-{index}", python_cli(
             "bridge", "--backend", self.nginx_target, "--host", HOST, "--http-port", "0", "--metrics-port", "0",
         ), self.workdir)
         child.start()
         ports = child.wait_listening({"HTTP", "metrics"})
         return Bridge(child, f"http://{HOST}:{ports['HTTP']}", f"http://{HOST}:{ports['metrics']}/metrics")
 
-    def kill_backend(self, index: int) -> None:
-        """SIGKILL backend `index`: a crash, its sessions are lost."""
-        self.backends[index].child.stop(signal.SIGKILL)
-
-    def stop(self) -> None:
-        """Bridges, then nginx, then backends (each gracefully, SIGKILL if stuck)."""
-        for bridge in self.bridges:
-            bridge.child.stop()
-        if self.nginx is not None:
-            self.nginx.stop()  # SIGTERM: nginx's fast shutdown
-        for backend in self.backends:
-            backend.child.stop(signal.SIGINT)  # at once: SIGTERM would drain the episodes still open
-        if not self.keep_workdir and hasattr(self, "workdir"):
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "Topology":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def front(self) -> list[Child]:
+        """The bridges, then nginx (SIGTERM: its fast shutdown)."""
+        return [bridge.child for bridge in self.bridges] + ([self.nginx] if self.nginx is not None else [])
 
     def describe(self) -> str:
         lines = [f"scratch directory: {self.workdir}"]
@@ -282,28 +145,16 @@ class Topology:
         return "\n".join(lines)
 
 
-def _wait_for_stop_signal() -> None:
-    stop = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.append(True))
-    while not stop:
-        signal.pause()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="run_topology.py", description=__doc__.splitlines()[0])
-    parser.add_argument("environments", nargs="*", metavar="ENV",
-                        help=f"module.path:ClassName for every backend (default {DEFAULT_ENVIRONMENT})")
-    parser.add_argument("--backends", type=int, default=3, help="number of ors-grpc serve backends (3)")
+    parser = topology_parser(__doc__.splitlines()[0], DEFAULT_ENVIRONMENT, "nginx.conf")
     parser.add_argument("--bridges", type=int, default=1, help="number of ors-grpc bridge processes (1)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, nginx.conf)")
     args = parser.parse_args(argv)
     topology = Topology(args.backends, args.bridges, args.environments or (DEFAULT_ENVIRONMENT,),
                         keep_workdir=args.keep)
     with topology:
         print(topology.describe(), flush=True)
         print("running; Ctrl-C stops everything", flush=True)
-        _wait_for_stop_signal()
+        wait_for_stop_signal()
     return 0
 
 

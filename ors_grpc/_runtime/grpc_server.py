@@ -270,6 +270,7 @@ async def create_server(
         setup_wait_s=config.setup_wait_s,
         warm_setup_timeout_s=config.warm_setup_timeout_s,
     )
+    metrics.track_session_load(sessions.load)
     health_servicer = health.aio.HealthServicer()
     drain = Drain(sessions, health_servicer, config.drain_timeout_s)
     service = EnvironmentService(environments, sessions, toolsets, drain=drain,

@@ -18,6 +18,7 @@ import collections
 import functools
 import itertools
 import logging
+import math
 import time
 import uuid
 from typing import Any, Iterable, Sequence
@@ -101,6 +102,12 @@ class SessionTable:
     def open_by_environment(self) -> collections.Counter[type]:
         """Sessions held now, by environment class."""
         return collections.Counter(session.env_cls for session in self._sessions.values())
+
+    def load(self) -> float:
+        """Sessions held (open and warm) over `max_sessions`: how full this backend is; NaN without a limit."""
+        if self._max_sessions is None:
+            return math.nan
+        return (len(self._sessions) + self.warm.count) / self._max_sessions
 
     def start(self) -> None:
         """Start the reaper (needs a running loop)."""

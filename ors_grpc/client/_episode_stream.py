@@ -43,8 +43,8 @@ class EpisodeStream:
 
     @property
     def free(self) -> bool:
-        """Neither broken nor in the middle of another step."""
-        return not self.broken and not self._lock.locked()
+        """Open (not broken, not ended by the server or a proxy) and not in the middle of another step."""
+        return self.open and not self._lock.locked()
 
     @property
     def open(self) -> bool:
@@ -57,6 +57,12 @@ class EpisodeStream:
             try:
                 await self._call.write(request)
                 answer = await self._call.read()
+            except asyncio.InvalidStateError:  # the call ended meanwhile (its backend died, say)
+                self.cancel()
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                    details="the RunEpisode stream had ended",
+                ) from None
             except BaseException:
                 self.cancel()
                 raise

@@ -31,6 +31,7 @@ __all__ = [
     "RPCS_HANDLED",
     "SESSIONS_CREATED",
     "SESSIONS_REAPED",
+    "SESSION_LOAD",
     "SETUP_SECONDS",
     "TOOL_CALLS",
     "TOOL_CALLS_IN_FLIGHT",
@@ -42,6 +43,7 @@ __all__ = [
     "session_opened",
     "start_metrics_server",
     "timed_setup",
+    "track_session_load",
     "timed_tool_call",
     "warm_episode_ended",
     "warm_episode_prepared",
@@ -88,6 +90,11 @@ WARM_EPISODES_ENDED = Counter(
     " (by CancelPreparedEpisodes), closed (torn down when the server stopped).",
     ["environment", "outcome"],
 )
+SESSION_LOAD = Gauge(
+    "ors_session_load",
+    "Sessions held (open plus warm) over --max-sessions: 1 is full. The autoscaling signal"
+    " (deploy/k8s/hpa.yaml); NaN without --max-sessions.",
+)
 RPCS_HANDLED = Counter(
     "ors_grpc_handled", "RPCs completed, by method and gRPC status code (errors: code != OK).", ["method", "code"],
 )
@@ -116,6 +123,11 @@ def session_opened(env_cls: type) -> None:
 
 def session_closed() -> None:
     OPEN_SESSIONS.dec()
+
+
+def track_session_load(load: Callable[[], float]) -> None:
+    """`ors_session_load` reads `load()` at every scrape (the process's session table)."""
+    SESSION_LOAD.set_function(load)
 
 
 def warm_episode_prepared(env_cls: type) -> None:

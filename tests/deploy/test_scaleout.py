@@ -28,6 +28,7 @@ from ors.client import AsyncORS
 from deploy.nginx.run_topology import REPO_ROOT, Topology, find_nginx
 from ors_grpc.client import AsyncORSClient
 from tests.support.metrics_scrape import scrape, total, value
+from tests.support.lost_sessions import call_failure, open_sessions_on_every_backend
 from tests.support.scaleout_env import TASKS
 
 pytestmark = pytest.mark.skipif(
@@ -39,9 +40,6 @@ BRIDGES = 2
 EPISODES = 300
 CONCURRENCY = 50
 ENVIRONMENT = "whoami"
-#: Bound on a call to a lost session: it must fail, not hang. (ors.client's
-#: call_tool raises on a 404 at once; its other requests retry one twice, 1 s and 2 s apart.)
-LOST_CALL_BOUND_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -152,31 +150,6 @@ async def test_our_clients_episode_streams_and_their_side_rpcs_reach_one_backend
         assert (await client.health()).status == "ok"
     assert all(len(set(episode_pids)) == 1 for episode_pids in pids), pids
     assert {episode_pids[0] for episode_pids in pids} == {backend.pid for backend in topology.backends}
-
-
-async def call_failure(coroutine) -> Exception:
-    """The exception a call must raise promptly; fails the test if it hangs or succeeds."""
-    try:
-        await asyncio.wait_for(coroutine, LOST_CALL_BOUND_S)
-    except asyncio.TimeoutError:
-        pytest.fail(f"a call on a lost session hung for {LOST_CALL_BOUND_S} s")
-    except Exception as exc:
-        return exc
-    pytest.fail("a call on a lost session succeeded")
-
-
-async def open_sessions_on_every_backend(env, stack: contextlib.AsyncExitStack, victim_pid: int) -> list[tuple[object, int]]:
-    """Open sessions (each answers once, telling its backend) until some are on
-    the victim and some elsewhere; random ids spread fast, the bound is generous."""
-    held: list[tuple[object, int]] = []
-    for _ in range(100):
-        session = await stack.enter_async_context(env.session(split="train", index=0))
-        output = await session.call_tool("add", {"a": 1, "b": 1})
-        held.append((session, output.metadata["pid"]))
-        on_victim = sum(pid == victim_pid for _, pid in held)
-        if on_victim >= 2 and len(held) - on_victim >= 2:
-            break
-    return held
 
 
 async def test_a_dead_backend_loses_only_its_sessions_and_new_episodes_go_to_live_ones(topology: Topology) -> None:

@@ -4,6 +4,7 @@ service's counters observed in-process (reaper, failed setup, rejected key)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import AsyncIterator
 
 import aiohttp
@@ -12,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.server import ServerConfig
 from tests.support.bridge_http import call, create_episode
 from tests.support.grpc_calls import create_episode as create_grpc_episode
@@ -172,3 +174,21 @@ async def test_an_episode_over_run_episode_counts_one_rpc_and_its_tool_calls() -
         assert await episode.code() == grpc.StatusCode.OK
     after = sample("ors_grpc_handled_total", **rpc), sample("ors_tool_calls_total", **calls)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+async def test_session_load_is_open_and_warm_sessions_over_max_sessions() -> None:
+    async with serving(config=ServerConfig(max_sessions=4)) as stub:
+        assert sample("ors_session_load") == 0
+        first = await create_grpc_episode(stub)
+        await create_grpc_episode(stub)
+        assert sample("ors_session_load") == 0.5
+        await stub.PrepareEpisodes(pb.PrepareEpisodesRequest(env_name="echoenv", task_specs=[types_pb2.JsonValue(json="{}")]))
+        assert sample("ors_session_load") == 0.75  # a warm episode holds a place too
+        await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=first))
+        assert sample("ors_session_load") == 0.5
+
+
+async def test_session_load_is_not_a_number_without_max_sessions() -> None:
+    async with serving() as stub:
+        await create_grpc_episode(stub)
+        assert math.isnan(REGISTRY.get_sample_value("ors_session_load"))
