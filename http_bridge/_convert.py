@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, field_validator,
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import check_task_source
-from ors_grpc.protocol import json_text
+from ors_grpc.protocol import door, json_text
 from ors_grpc.protocol.constants import MAX_JSON_DEPTH
 from ors_grpc.protocol.enums import MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 
@@ -174,14 +174,16 @@ class CallBody(Body):
     task_id: Optional[str] = None
 
 
+_NOT_UTF8 = "{where} is not valid UTF-8 text (undecodable bytes or a lone surrogate)"
+
+
 def check_text(value: str, where: str) -> str:
     """`value` if it can become a protobuf string (UTF-8 encodable), else
     BadRequest 400 naming `where` (never showing the text)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadRequest(f"{where[:1].upper()}{where[1:]} is not valid UTF-8 text "
-                         "(undecodable bytes or a lone surrogate)", status=400) from None
+        raise BadRequest(_NOT_UTF8.format(where=where[:1].upper() + where[1:]), status=400) from None
     return value
 
 
@@ -355,27 +357,15 @@ def _json_value(value: Any, field: str) -> types_pb2.JsonValue:
 
 
 def secrets_from_header(header: Optional[str]) -> dict[str, str]:
-    """Secrets from `X-Secrets`: base64 JSON `{"NAME": {"value": ...}}` or `{"NAME": "..."}`."""
-    if not header:
-        return {}
+    """Secrets from `X-Secrets` (`ors_grpc.protocol.door.secrets_from_header`); BadRequest when malformed."""
     try:
-        decoded = base64.b64decode(header.strip(), validate=True)
-        payload = json_text.loads(decoded, "X-Secrets")
+        return door.secrets_from_header(header)
     except json_text.JsonLimitError as exc:
         raise BadRequest(str(exc), status=400) from None
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise BadRequest("X-Secrets header must be base64 of a JSON object") from None
-    _check_json_text(decoded, payload)
-    if not isinstance(payload, dict):
-        raise BadRequest("X-Secrets header must be base64 of a JSON object")
-    secrets = {}
-    for name, entry in payload.items():
-        value = entry.get("value") if isinstance(entry, dict) else entry
-        if not isinstance(value, str):
-            # Name the secret, never its value.
-            raise BadRequest(f"X-Secrets: secret {name!r} has no string value")
-        secrets[name] = value
-    return secrets
+    except UnicodeEncodeError:
+        raise BadRequest(_NOT_UTF8.format(where="The request's JSON"), status=400) from None
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def create_episode_request(
