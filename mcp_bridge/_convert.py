@@ -5,8 +5,9 @@
   `_meta`.
 - Tool results: text blocks → text content, image blocks → image content
   (base64 data, MIME type); a block's `detail` in its `_meta` as
-  `"ors/detail"`; the result's `_meta` holds `"ors/reward"`, `"ors/finished"`
-  and `"ors/metadata"`. A refusal, a tool that raised and a failed call are
+  `"ors/detail"`; the result's `_meta` holds `"ors/finished"`, and
+  `"ors/reward"` and `"ors/metadata"` when they are not null (absent means
+  null: the 2026-07-28 serialization drops null values, so no revision has them). A refusal, a tool that raised and a failed call are
   results with `isError: true`, their text and `"ors/reason"`.
 - The prompt: the handshake's `instructions` are the prompt's text blocks;
   the `task` prompt holds the episode's messages, one MCP message per block
@@ -98,15 +99,13 @@ def tool_result(result: types_pb2.RunToolResult) -> types.CallToolResult:
     if result.WhichOneof("outcome") == "error":
         return refused_call(result.error, _REFUSAL_REASONS.get(result.reason, "refused"))
     output = result.output
-    return types.CallToolResult(
-        content=[_content(block) for block in output.blocks],
-        is_error=False,
-        meta={
-            REWARD_KEY: output.reward if output.HasField("reward") else None,
-            FINISHED_KEY: output.finished,
-            METADATA_KEY: _json(output.metadata, output.HasField("metadata")),
-        },
-    )
+    meta: dict[str, Any] = {FINISHED_KEY: output.finished}
+    if output.HasField("reward"):
+        meta[REWARD_KEY] = output.reward
+    metadata = _json(output.metadata, output.HasField("metadata"))
+    if metadata is not None:
+        meta[METADATA_KEY] = metadata
+    return types.CallToolResult(content=[_content(block) for block in output.blocks], is_error=False, meta=meta)
 
 
 def refused_call(text: str, reason: str) -> types.CallToolResult:

@@ -115,6 +115,13 @@ def _quiet_sdk_logs() -> None:
             sdk_logger.setLevel(logging.WARNING)
 
 
+async def _serve(manager: StreamableHTTPSessionManager, server: _EmbeddedUvicorn, sock: socket.socket) -> None:
+    """The session manager's life around uvicorn's, in one task (anyio scopes end in the task that began them).
+    Leaving the manager ends the MCP sessions: the episodes that convenience URLs made are deleted."""
+    async with manager.run():
+        await server.serve(sockets=[sock])
+
+
 class McpDoor:
     """A running MCP door; `await cleanup()` stops it (as an aiohttp runner)."""
 
@@ -128,7 +135,6 @@ class McpDoor:
         try:
             await self._serving
         finally:
-            # Ends the MCP sessions: the episodes convenience URLs made are deleted.
             await self._stack.aclose()
 
 
@@ -165,11 +171,10 @@ async def start_mcp_door(
         )
         gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S))
         app = Starlette(routes=[Route("/{env}/mcp", gate), Route("/{env}/mcp/{session_id}", gate)])
-        await stack.enter_async_context(manager.run())
         config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none",
                                 timeout_graceful_shutdown=STOP_GRACE_S, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
         server = _EmbeddedUvicorn(config)
-        serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="ors-mcp-door")
+        serving = asyncio.get_running_loop().create_task(_serve(manager, server, sock), name="ors-mcp-door")
         while not server.started:
             if serving.done():
                 serving.result()  # startup failed: its exception

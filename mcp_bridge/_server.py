@@ -40,7 +40,7 @@ logger = logging.getLogger("mcp_bridge")
 
 #: While a tool runs, a client that gave a progress token gets a progress
 #: notification this often (the seconds elapsed: ORS tools report no progress).
-PROGRESS_INTERVAL_S = 5.0
+PROGRESS_INTERVAL_S = 2.0
 
 _EPISODE_STATE_KEY = "ors.episode"
 _CONVENIENCE_NEEDS_HANDSHAKE = (
@@ -261,7 +261,7 @@ class _Door:
 
     async def _with_progress(self, ctx: ServerRequestContext[Any, Any], stream: Any) -> Any:
         """The stream's next message; meanwhile, if the client gave a progress token, notify the seconds elapsed."""
-        if (ctx.meta or {}).get("progressToken") is None:
+        if (ctx.meta or {}).get("progress_token") is None:
             return await stream.read()
         outcome = asyncio.ensure_future(stream.read())
         try:
