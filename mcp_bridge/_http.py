@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 import grpc
 import uvicorn
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.routing import Route
@@ -36,6 +36,9 @@ __all__ = ["McpDoor", "start_mcp_door"]
 
 #: Seconds the backend's environment names (and so an accepted key) are cached.
 ENV_CACHE_TTL_S = 5.0
+#: Largest MCP request body (HTTP 413 above it): the SDK's 4 MiB, or the message limit if lower.
+#: An agent's tool arguments are far smaller; an orchestrator sends big inputs over gRPC or HTTP.
+MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
 #: Seconds open requests get to finish when the door stops.
 STOP_GRACE_S = 2.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -167,7 +170,7 @@ async def start_mcp_door(
         stub = EnvironmentServiceStub(channel)
         manager = StreamableHTTPSessionManager(
             app=build_server(stub), security_settings=_security_settings(host),
-            max_request_body_size=max_message_bytes, session_idle_timeout=session_idle_timeout_s,
+            max_request_body_size=min(MAX_BODY_BYTES, max_message_bytes), session_idle_timeout=session_idle_timeout_s,
         )
         gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S))
         app = Starlette(routes=[Route("/{env}/mcp", gate), Route("/{env}/mcp/{session_id}", gate)])
