@@ -50,6 +50,7 @@ __all__ = [
     "check_text",
     "create_episode_request",
     "dumps",
+    "episode_record_json",
     "idempotency_key",
     "messages_json",
     "parse_body",
@@ -725,4 +726,50 @@ def server_stats_json(response: service_pb2.GetServerStatsResponse) -> dict[str,
             for stats in response.environments
         ],
         "window_seconds": response.window_seconds,
+    }
+
+
+_EPISODE_ENDS = {
+    service_pb2.EPISODE_END_DELETED: "deleted",
+    service_pb2.EPISODE_END_REAPED: "reaped",
+    service_pb2.EPISODE_END_SERVER_STOPPED: "server_stopped",
+}
+
+
+def _tool_call_record_json(call: service_pb2.ToolCallRecord) -> dict[str, Any]:
+    return {
+        "tool_name": call.tool_name,
+        "input": raw_json(call.input, call.HasField("input")),
+        "input_omitted": call.input_omitted,
+        "input_bytes": call.input_bytes,
+        "reward": call.reward if call.HasField("reward") else None,
+        "finished": call.finished,
+        "refusal_reason": _REFUSAL_REASONS.get(call.refusal_reason),
+        "error": call.error or None,
+        "started_at_unix_s": call.started_at_unix_s,
+        "ended_at_unix_s": call.ended_at_unix_s or None,
+        "output_bytes": call.output_bytes,
+    }
+
+
+def episode_record_json(record: service_pb2.EpisodeRecord) -> dict[str, Any]:
+    """An EpisodeRecord as the JSON of `GET /{env}/episode` (see its proto comments)."""
+    totals = record.totals
+    return {
+        "session_id": record.session_id,
+        "env_name": record.env_name,
+        "task": raw_json(record.task, record.HasField("task")),
+        "toolset_name": record.toolset_name if record.HasField("toolset_name") else None,
+        "created_at_unix_s": record.created_at_unix_s,
+        "calls": [_tool_call_record_json(call) for call in record.calls],
+        "calls_dropped": record.calls_dropped,
+        "totals": {
+            "calls": totals.calls,
+            "reward_sum": totals.reward_sum,
+            "last_reward": totals.last_reward if totals.HasField("last_reward") else None,
+            "finished": totals.finished,
+        },
+        "ended": _EPISODE_ENDS.get(record.ended),
+        "ended_at_unix_s": record.ended_at_unix_s or None,
+        "setup_error": record.setup_error or None,
     }

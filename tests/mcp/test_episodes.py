@@ -8,6 +8,7 @@ import base64
 import json
 import urllib.parse
 
+import aiohttp
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -56,6 +57,16 @@ async def test_an_orchestrated_episode_runs_to_reward_one_and_its_record_tells_i
     assert kept.calls[3].refusal_reason != 0
     await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
     assert (await record(stub, sid)).ended == pb.EPISODE_END_DELETED
+
+    # The same record over HTTP, during the linger after the end.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.http_url}/{ENV}/episode", headers={"X-Session-ID": sid}) as response:
+            over_http = await response.json()
+    assert over_http["ended"] == "deleted" and over_http["task"] == TASK
+    assert [(c["tool_name"], c["reward"], c["finished"], c["refusal_reason"]) for c in over_http["calls"]] == [
+        ("add", 0.0, False, None), ("image", None, False, None), ("answer", 1.0, True, None),
+        ("add", None, False, "episode_finished")]
+    assert over_http["totals"] == {"calls": 4, "reward_sum": 1.0, "last_reward": 1.0, "finished": True}
 
 
 @pytest.mark.parametrize(("mode", "revision"), GENERATIONS)
