@@ -32,7 +32,7 @@ from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import check_task_source
 from ors_grpc.protocol import door, json_text
 from ors_grpc.protocol.constants import MAX_JSON_DEPTH
-from ors_grpc.protocol.enums import MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
+from ors_grpc.protocol.enums import EPISODE_END, MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 
 __all__ = [
     "BadRequest",
@@ -729,13 +729,6 @@ def server_stats_json(response: service_pb2.GetServerStatsResponse) -> dict[str,
     }
 
 
-_EPISODE_ENDS = {
-    service_pb2.EPISODE_END_DELETED: "deleted",
-    service_pb2.EPISODE_END_REAPED: "reaped",
-    service_pb2.EPISODE_END_SERVER_STOPPED: "server_stopped",
-}
-
-
 def _tool_call_record_json(call: service_pb2.ToolCallRecord) -> dict[str, Any]:
     return {
         "tool_name": call.tool_name,
@@ -744,7 +737,7 @@ def _tool_call_record_json(call: service_pb2.ToolCallRecord) -> dict[str, Any]:
         "input_bytes": call.input_bytes,
         "reward": call.reward if call.HasField("reward") else None,
         "finished": call.finished,
-        "refusal_reason": _REFUSAL_REASONS.get(call.refusal_reason),
+        "refusal_reason": RUN_TOOL_ERROR_REASON.name(call.refusal_reason),
         "error": call.error or None,
         "started_at_unix_s": call.started_at_unix_s,
         "ended_at_unix_s": call.ended_at_unix_s or None,
@@ -769,7 +762,7 @@ def episode_record_json(record: service_pb2.EpisodeRecord) -> dict[str, Any]:
             "last_reward": totals.last_reward if totals.HasField("last_reward") else None,
             "finished": totals.finished,
         },
-        "ended": _EPISODE_ENDS.get(record.ended),
+        "ended": EPISODE_END.name(record.ended),
         "ended_at_unix_s": record.ended_at_unix_s or None,
         "setup_error": record.setup_error or None,
     }

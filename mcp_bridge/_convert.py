@@ -29,6 +29,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.convert import block_from_proto
+from ors_grpc.protocol.enums import RUN_TOOL_ERROR_REASON
 
 __all__ = ["FINISHED_KEY", "REASON_KEY", "REWARD_KEY", "TASK_PROMPT", "TERMINAL_KEY", "failed_call", "instructions",
            "prompt_messages", "refused_call", "tool_result", "tools"]
@@ -48,14 +49,6 @@ TASK_PROMPT = "task"
 
 #: The schema of a tool that takes no input (MCP requires an object schema).
 _NO_INPUT = {"type": "object", "properties": {}}
-
-_REFUSAL_REASONS = {
-    types_pb2.RUN_TOOL_ERROR_REASON_NOT_FOUND: "not_found",
-    types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION: "name_collision",
-    types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION: "input_validation",
-    types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED: "episode_finished",
-}
-
 
 def _json(value: types_pb2.JsonValue, present: bool) -> Any:
     return json.loads(value.json) if present else None
@@ -97,7 +90,7 @@ def _content(block: types_pb2.Block | types_pb2.MessageBlock, meta: Optional[dic
 def tool_result(result: types_pb2.RunToolResult) -> types.CallToolResult:
     """A CallTool result: the tool's output, or its refusal (`isError`)."""
     if result.WhichOneof("outcome") == "error":
-        return refused_call(result.error, _REFUSAL_REASONS.get(result.reason, "refused"))
+        return refused_call(result.error, RUN_TOOL_ERROR_REASON.name(result.reason) or "refused")
     output = result.output
     meta: dict[str, Any] = {FINISHED_KEY: output.finished}
     if output.HasField("reward"):

@@ -18,6 +18,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import RunToolOutput
 from ors_grpc.protocol import json_text
+from ors_grpc.protocol.enums import RUN_TOOL_ERROR_REASON
 
 __all__ = ["EndedRecords", "EpisodeRecorder", "MAX_ENDED_RECORDS", "MAX_RECORDED_CALLS", "MAX_RECORDED_INPUT_BYTES",
            "RecordedCall"]
@@ -28,14 +29,6 @@ MAX_RECORDED_CALLS = 1000
 MAX_RECORDED_INPUT_BYTES = 8 * 1024
 #: Ended episodes whose record is kept at most (the latest), whatever their linger.
 MAX_ENDED_RECORDS = 10_000
-
-_REFUSAL_REASONS = {
-    "not_found": types_pb2.RUN_TOOL_ERROR_REASON_NOT_FOUND,
-    "name_collision": types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION,
-    "input_validation": types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION,
-    "episode_finished": types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED,
-}
-
 
 def _masked(value: Any, redact: Callable[[str], str]) -> Any:
     """`value` with every string in it (keys too) passed through `redact`."""
@@ -120,8 +113,8 @@ class EpisodeRecorder:
                 self._last_reward = call.reward
             self._finished = self._finished or call.finished
         else:
-            call.refusal_reason = _REFUSAL_REASONS.get(outcome.reason or "",
-                                                       types_pb2.RUN_TOOL_ERROR_REASON_UNSPECIFIED)
+            call.refusal_reason = RUN_TOOL_ERROR_REASON.value_or(outcome.reason,
+                                                                 types_pb2.RUN_TOOL_ERROR_REASON_UNSPECIFIED)
             call.error = self._redact(outcome.error)
 
     def call_failed(self, call: RecordedCall, message: str) -> None:
