@@ -238,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the ors-grpc gRPC backend (or a load balancer in front of several)")
     bridge.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
     bridge.add_argument("--http-port", type=_port, metavar="PORT", default=None,
-                        help="HTTP port (0: any free port; default 8080 unless only --mcp-port is given)")
+                        help="HTTP port (0: any free port; none when only --mcp-port is given) (default: 8080)")
     bridge.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
                         help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
     bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
