@@ -23,14 +23,17 @@ from typing import Any
 from bench.stats import latency_summary
 
 
-#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs.
-DOOR_KINDS = ("http", "grpc", "grpc-raw")
+#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP.
+DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp")
 
 
 def make_door(kind: str, target: str):
     if kind == "http":
         from bench.http_door import HttpDoor
         return HttpDoor(target)
+    if kind == "mcp":
+        from bench.mcp_door import McpDoor
+        return McpDoor(target)
     if kind == "grpc":
         from bench.client_door import ClientDoor
         return ClientDoor(target)

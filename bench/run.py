@@ -24,7 +24,7 @@ from bench.servers import ServerProcess, ours_server, reference_server, run_load
 from bench.stats import fmt_ms
 
 DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads")
-OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw")
+OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw", "mcp")
 #: Door name suffixes that pin where the environment's sync code runs, and
 #: the value of ORS_BENCH_SYNC_CODE (read by bench/env.py) that pins it.
 SYNC_CODE_SUFFIXES = {"-threads": "threads", "-on-loop": "loop"}
@@ -55,6 +55,8 @@ def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[
     """A not yet started server for ``door`` and the ports it must print."""
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
+    if door == "mcp":
+        return ours_server(http=False, mcp=True), {"gRPC", "MCP"}
     server = ours_server(http=door.startswith("bridge"))
     for suffix, sync_code in SYNC_CODE_SUFFIXES.items():
         if door.endswith(suffix):
@@ -68,6 +70,8 @@ def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
         door = door.removesuffix(suffix)
     if door in ("grpc", "grpc-raw"):
         return door, f"127.0.0.1:{server.ports['gRPC']}"
+    if door == "mcp":
+        return "mcp", f"http://127.0.0.1:{server.ports['MCP']}"
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
 
 
@@ -242,6 +246,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--doors", default=",".join(DOORS),
                         help="comma-separated, from: " + ", ".join(DOORS + OPTIONAL_DOORS))
+    parser.add_argument("--door", choices=OPTIONAL_DOORS + DOORS[1:], default=None,
+                        help="measure this door next to the HTTP bridge only (e.g. mcp: MCP episodes/s beside "
+                             "the bridge's), without the memory rows")
     parser.add_argument("--workers", type=int, default=32, help="concurrent closed-loop workers (32)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per door and round (10)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -270,6 +277,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="episodes per batch of --setup-seconds (32)")
     parser.add_argument("--batches", type=int, default=16, help="batches per loop of --setup-seconds (16)")
     args = parser.parse_args(argv)
+    if args.door is not None:  # one door next to the HTTP bridge, closed loop and image only
+        args.doors, args.sessions = f"bridge,{args.door}", ""
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
     if unknown:

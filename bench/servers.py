@@ -12,7 +12,7 @@ import tempfile
 import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-_LISTENING = re.compile(r"(gRPC|HTTP) listening on 127\.0\.0\.1:(\d+)")
+_LISTENING = re.compile(r"(gRPC|HTTP|MCP) listening on 127\.0\.0\.1:(\d+)")
 
 
 class ServerProcess:
@@ -93,17 +93,19 @@ def reference_server(quiet: bool = False) -> ServerProcess:
     return ServerProcess("reference", [sys.executable, "-m", "bench.ref_server"], extra)
 
 
-def ours_server(http: bool, environment: str = "bench.env:BenchEnv") -> ServerProcess:
-    """``ors-grpc serve bench.env:BenchEnv`` (or `environment`) with or without the HTTP bridge."""
+def ours_server(http: bool, environment: str = "bench.env:BenchEnv", mcp: bool = False) -> ServerProcess:
+    """``ors-grpc serve bench.env:BenchEnv`` (or `environment`) with or without the HTTP bridge (and the MCP door)."""
     args = ["serve", environment, "--port", "0"]
     if http:
         args += ["--http-port", "0"]
+    if mcp:
+        args += ["--mcp-port", "0"]
     script = shutil.which("ors-grpc", path=str(pathlib.Path(sys.executable).parent))
     if script:
         argv = [sys.executable, script, *args]
     else:
         argv = [sys.executable, "-c", "import sys; from ors_grpc.cli import main; sys.exit(main())", *args]
-    return ServerProcess("ours-http" if http else "ours-grpc", argv)
+    return ServerProcess("ours-mcp" if mcp else "ours-http" if http else "ours-grpc", argv)
 
 
 def run_load(door_kind: str, target: str, mode: str, timeout: float, **options) -> dict:

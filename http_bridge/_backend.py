@@ -1,124 +1,17 @@
-"""The bridge's side of the gRPC hop: the channel, the metadata allowlist, the env-name cache."""
+"""The bridge's side of the gRPC hop (shared with every door: `ors_grpc.protocol.door`)."""
 
 from __future__ import annotations
 
-import logging
-import time
-from pathlib import Path
 from typing import Optional
 
-import grpc
 from aiohttp import web
 
-from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
-from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
-from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY
+from ors_grpc.protocol import door
+from ors_grpc.protocol.door import EnvNames, Metadata, error_reason, open_channel, retry_after
 
 __all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel", "retry_after"]
 
-Metadata = tuple[tuple[str, str], ...]
-
-logger = logging.getLogger("http_bridge")
-
-
-def open_channel(
-    target: str,
-    *,
-    max_message_bytes: int,
-    tls_root_cert: Optional[str] = None,
-    tls_server_name: Optional[str] = None,
-) -> grpc.aio.Channel:
-    """One long-lived channel to the backend, quick to reconnect after an outage."""
-    options = [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        # gRPC's default reconnect backoff grows to 120 s; a bridge in front
-        # of a restarted backend should be back within a second or so.
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
-        # Notice a silently dead backend (no RST) during long tool calls.
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 0),
-    ]
-    logger.debug("backend_channel target=%s tls=%s", target, tls_root_cert is not None)
-    if tls_root_cert is None:
-        return grpc.aio.insecure_channel(target, options=options)
-    if tls_server_name:
-        options.append(("grpc.ssl_target_name_override", tls_server_name))
-    credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_root_cert).read_bytes())
-    return grpc.aio.secure_channel(target, credentials, options=options)
-
-
-def _printable_ascii(value: str) -> bool:
-    return value.isascii() and value.isprintable()
-
 
 def call_metadata(request: web.Request, session_id: Optional[str] = None) -> Metadata:
-    """The gRPC metadata of an HTTP request, through an explicit allowlist.
-
-    `X-API-Key` (or `Authorization: Bearer`) becomes `x-api-key`, so one key
-    check guards both doors; the session id becomes `x-session-id` for
-    session-affine load balancing. Values gRPC cannot carry are left out: the
-    session id still travels in the request message, and a missing key is
-    refused by the backend as it should be.
-    """
-    metadata = []
-    api_key = request.headers.get("X-API-Key") or _bearer_token(request.headers.get("Authorization", ""))
-    if api_key and _printable_ascii(api_key):
-        metadata.append(("x-api-key", api_key))
-    if session_id and _printable_ascii(session_id):
-        metadata.append(("x-session-id", session_id))
-    return tuple(metadata)
-
-
-def _bearer_token(authorization: str) -> str:
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-def error_reason(error: grpc.aio.AioRpcError) -> Optional[str]:
-    """The `ors-error-reason` trailing metadata entry of a failed RPC, if any."""
-    return _trailer(error, ERROR_REASON_METADATA_KEY)
-
-
-def retry_after(error: grpc.aio.AioRpcError) -> Optional[str]:
-    """The `retry-after` trailing metadata entry (seconds) of a failed RPC, if any."""
-    return _trailer(error, "retry-after")
-
-
-def _trailer(error: grpc.aio.AioRpcError, name: str) -> Optional[str]:
-    for key, value in error.trailing_metadata() or ():
-        if key == name:
-            return value if isinstance(value, str) else value.decode()
-    return None
-
-
-class EnvNames:
-    """The backend's environment names, cached briefly for the default-env redirect.
-
-    Not session state: the list only changes when the backend is redeployed.
-    Cached per API key, so that only a key the backend accepted is answered
-    from the cache: a request without the key gets the backend's 401, not a
-    redirect naming the environments.
-    """
-
-    #: Distinct keys cached at most (keys are arbitrary when none is required).
-    MAX_KEYS = 16
-
-    def __init__(self, stub: EnvironmentServiceStub, ttl_s: float) -> None:
-        self._stub = stub
-        self._ttl_s = ttl_s
-        self._by_key: dict[str, tuple[float, list[str]]] = {}
-
-    async def get(self, metadata: Metadata) -> list[str]:
-        api_key = dict(metadata).get("x-api-key", "")
-        fetched_at, names = self._by_key.get(api_key, (float("-inf"), []))
-        if time.monotonic() - fetched_at > self._ttl_s:
-            response = await self._stub.ListEnvironments(service_pb2.ListEnvironmentsRequest(), metadata=metadata)
-            names = [name.lower() for name in response.names]
-            if len(self._by_key) >= self.MAX_KEYS:
-                self._by_key.clear()
-            self._by_key[api_key] = (time.monotonic(), names)
-        return names
+    """The gRPC metadata of an HTTP request (`ors_grpc.protocol.door.call_metadata`)."""
+    return door.call_metadata(request.headers, session_id)

@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, field_validator,
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc.authoring.types import check_task_source
-from ors_grpc.protocol import json_text
+from ors_grpc.protocol import door, json_text
 from ors_grpc.protocol.constants import MAX_JSON_DEPTH
-from ors_grpc.protocol.enums import MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
+from ors_grpc.protocol.enums import EPISODE_END, MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 
 __all__ = [
     "BadRequest",
@@ -50,6 +50,7 @@ __all__ = [
     "check_text",
     "create_episode_request",
     "dumps",
+    "episode_record_json",
     "idempotency_key",
     "messages_json",
     "parse_body",
@@ -174,14 +175,16 @@ class CallBody(Body):
     task_id: Optional[str] = None
 
 
+_NOT_UTF8 = "{where} is not valid UTF-8 text (undecodable bytes or a lone surrogate)"
+
+
 def check_text(value: str, where: str) -> str:
     """`value` if it can become a protobuf string (UTF-8 encodable), else
     BadRequest 400 naming `where` (never showing the text)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadRequest(f"{where[:1].upper()}{where[1:]} is not valid UTF-8 text "
-                         "(undecodable bytes or a lone surrogate)", status=400) from None
+        raise BadRequest(_NOT_UTF8.format(where=where[:1].upper() + where[1:]), status=400) from None
     return value
 
 
@@ -355,27 +358,15 @@ def _json_value(value: Any, field: str) -> types_pb2.JsonValue:
 
 
 def secrets_from_header(header: Optional[str]) -> dict[str, str]:
-    """Secrets from `X-Secrets`: base64 JSON `{"NAME": {"value": ...}}` or `{"NAME": "..."}`."""
-    if not header:
-        return {}
+    """Secrets from `X-Secrets` (`ors_grpc.protocol.door.secrets_from_header`); BadRequest when malformed."""
     try:
-        decoded = base64.b64decode(header.strip(), validate=True)
-        payload = json_text.loads(decoded, "X-Secrets")
+        return door.secrets_from_header(header)
     except json_text.JsonLimitError as exc:
         raise BadRequest(str(exc), status=400) from None
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise BadRequest("X-Secrets header must be base64 of a JSON object") from None
-    _check_json_text(decoded, payload)
-    if not isinstance(payload, dict):
-        raise BadRequest("X-Secrets header must be base64 of a JSON object")
-    secrets = {}
-    for name, entry in payload.items():
-        value = entry.get("value") if isinstance(entry, dict) else entry
-        if not isinstance(value, str):
-            # Name the secret, never its value.
-            raise BadRequest(f"X-Secrets: secret {name!r} has no string value")
-        secrets[name] = value
-    return secrets
+    except UnicodeEncodeError:
+        raise BadRequest(_NOT_UTF8.format(where="The request's JSON"), status=400) from None
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def create_episode_request(
@@ -735,4 +726,43 @@ def server_stats_json(response: service_pb2.GetServerStatsResponse) -> dict[str,
             for stats in response.environments
         ],
         "window_seconds": response.window_seconds,
+    }
+
+
+def _tool_call_record_json(call: service_pb2.ToolCallRecord) -> dict[str, Any]:
+    return {
+        "tool_name": call.tool_name,
+        "input": raw_json(call.input, call.HasField("input")),
+        "input_omitted": call.input_omitted,
+        "input_bytes": call.input_bytes,
+        "reward": call.reward if call.HasField("reward") else None,
+        "finished": call.finished,
+        "refusal_reason": RUN_TOOL_ERROR_REASON.name(call.refusal_reason),
+        "error": call.error or None,
+        "started_at_unix_s": call.started_at_unix_s,
+        "ended_at_unix_s": call.ended_at_unix_s or None,
+        "output_bytes": call.output_bytes,
+    }
+
+
+def episode_record_json(record: service_pb2.EpisodeRecord) -> dict[str, Any]:
+    """An EpisodeRecord as the JSON of `GET /{env}/episode` (see its proto comments)."""
+    totals = record.totals
+    return {
+        "session_id": record.session_id,
+        "env_name": record.env_name,
+        "task": raw_json(record.task, record.HasField("task")),
+        "toolset_name": record.toolset_name if record.HasField("toolset_name") else None,
+        "created_at_unix_s": record.created_at_unix_s,
+        "calls": [_tool_call_record_json(call) for call in record.calls],
+        "calls_dropped": record.calls_dropped,
+        "totals": {
+            "calls": totals.calls,
+            "reward_sum": totals.reward_sum,
+            "last_reward": totals.last_reward if totals.HasField("last_reward") else None,
+            "finished": totals.finished,
+        },
+        "ended": EPISODE_END.name(record.ended),
+        "ended_at_unix_s": record.ended_at_unix_s or None,
+        "setup_error": record.setup_error or None,
     }

@@ -226,6 +226,45 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "EpisodeRecord": {
+        "type": "object",
+        "description": "What happened in an episode (proto `EpisodeRecord`): at most 1,000 calls, the first; "
+                       "inputs over 8 KiB left out; secret values masked; never the outputs.",
+        "required": ["session_id", "env_name", "task", "calls", "calls_dropped", "totals", "ended"],
+        "properties": {
+            "session_id": {"type": "string"},
+            "env_name": {"type": "string"},
+            "task": _ref("Task"),
+            "toolset_name": {"type": ["string", "null"]},
+            "created_at_unix_s": {"type": "number"},
+            "calls": {"type": "array", "items": {
+                "type": "object",
+                "required": ["tool_name", "input", "reward", "finished", "refusal_reason", "error",
+                             "started_at_unix_s", "ended_at_unix_s", "output_bytes"],
+                "properties": {
+                    "tool_name": {"type": "string"},
+                    "input": {"type": ["object", "null"], "description": "null when `input_omitted`."},
+                    "input_omitted": {"type": "boolean"},
+                    "input_bytes": {"type": "integer"},
+                    "reward": {"type": ["number", "null"]},
+                    "finished": {"type": "boolean"},
+                    "refusal_reason": {"enum": ["not_found", "name_collision", "input_validation",
+                                                "episode_finished", None]},
+                    "error": {"type": ["string", "null"], "description": "A refusal's text, or what the tool raised."},
+                    "started_at_unix_s": {"type": "number"},
+                    "ended_at_unix_s": {"type": ["number", "null"], "description": "null while it runs."},
+                    "output_bytes": {"type": "integer", "description": "Size of the result message, not kept."},
+                },
+            }},
+            "calls_dropped": {"type": "integer", "description": "Calls past the cap (the totals include them)."},
+            "totals": {"type": "object", "required": ["calls", "reward_sum", "last_reward", "finished"],
+                       "properties": {"calls": {"type": "integer"}, "reward_sum": {"type": "number"},
+                                      "last_reward": {"type": ["number", "null"]}, "finished": {"type": "boolean"}}},
+            "ended": {"enum": ["deleted", "reaped", "server_stopped", None], "description": "null while live."},
+            "ended_at_unix_s": {"type": ["number", "null"]},
+            "setup_error": {"type": ["string", "null"]},
+        },
+    },
     "Preparing": {
         "type": "object",
         "required": ["preparing", "ttl_seconds"],
@@ -378,6 +417,12 @@ OPERATIONS: tuple[Operation, ...] = (
                           "key: one of each task given, or every one of the environment with no task given; a "
                           "running setup is cancelled, `teardown()` runs, and each frees its place in "
                           "`--max-sessions`."),
+    Operation("get", "/{env}/episode", "episode_record", "Extension: what happened in the episode", "extensions",
+              "EpisodeRecord", session=True, errors=(400, 404),
+              description="Not in ORS. The task, every tool call in order (name, input, reward, finished, "
+                          "refusal or error, times, output size; never the output) and totals, for a live "
+                          "episode and for an ended one during the linger (60 s by default); 404 after. "
+                          "Needs no finished setup. Any `{env}` is accepted."),
     Operation("get", "/openapi.json", "openapi", "This document", "meta", {"type": "object"}, public=True,
               description="Needs no API key, as in the reference server."),
     Operation("get", "/server_stats", "server_stats", "Extension: the server's counters per environment",

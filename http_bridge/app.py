@@ -464,6 +464,14 @@ async def cancel_prepared(request: web.Request) -> web.Response:
     return _json({"cancelled": response.cancelled})
 
 
+async def episode_record(request: web.Request) -> web.Response:
+    """What happened in the session's episode (live, or ended within the linger time)."""
+    session_id = _session_id(request)
+    rpc_request = service_pb2.GetEpisodeRecordRequest(session_id=session_id)
+    response = await _stub(request).GetEpisodeRecord(rpc_request, metadata=call_metadata(request, session_id))
+    return _json(convert.episode_record_json(response.record))
+
+
 # --------------------------------------------------------------------------
 # The application
 # --------------------------------------------------------------------------
@@ -492,6 +500,7 @@ def _routes() -> list[web.RouteDef]:
         web.post("/{env}/call", call_tool),
         web.post("/{env}/prepare", prepare_episodes),
         web.post("/{env}/cancel_prepared", cancel_prepared),
+        web.get("/{env}/episode", episode_record),
         web.get("/{env}/messages", get_messages),
         web.post("/{env}/score_group", score_group),
         web.get("/server_stats", server_stats),

@@ -52,6 +52,8 @@ DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
 EXIT_STARTUP_ERROR = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LOG_LEVEL = "INFO"
+#: The standalone HTTP door's port when no door port is given.
+DEFAULT_BRIDGE_HTTP_PORT = 8080
 
 logger = logging.getLogger("ors_grpc.cli")
 
@@ -186,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="gRPC port (0: any free port)")
     serve.add_argument("--http-port", type=_port, metavar="PORT", default=None,
                        help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
+    serve.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
+                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
     serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
     serve.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
@@ -233,7 +237,10 @@ def _parser() -> argparse.ArgumentParser:
     bridge.add_argument("--backend", required=True, type=_backend_target, metavar="HOST:PORT",
                         help="the ors-grpc gRPC backend (or a load balancer in front of several)")
     bridge.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
-    bridge.add_argument("--http-port", type=_port, metavar="PORT", default=8080, help="HTTP port (0: any free port)")
+    bridge.add_argument("--http-port", type=_port, metavar="PORT", default=None,
+                        help="HTTP port (0: any free port; none when only --mcp-port is given) (default: 8080)")
+    bridge.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
+                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
     bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
                         metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
@@ -287,7 +294,7 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     toolsets = [load_toolset(spec) for spec in args.toolsets]
     await serving.serve(environments, host=args.host, port=args.port, http_port=args.http_port,
-                        metrics_port=args.metrics_port, config=config, http_limits=_http_limits(args),
+                        mcp_port=args.mcp_port, metrics_port=args.metrics_port, config=config, http_limits=_http_limits(args),
                         toolsets=toolsets)
 
 
@@ -297,8 +304,9 @@ async def _bridge(args: argparse.Namespace) -> None:
         tls_cert=args.tls_cert, tls_key=args.tls_key,
         backend_tls_root_cert=args.backend_tls_root_cert, backend_tls_server_name=args.backend_tls_server_name,
     )
-    await serving.bridge(args.backend, host=args.host, http_port=args.http_port, metrics_port=args.metrics_port,
-                         options=options, http_limits=_http_limits(args))
+    http_port = args.http_port if args.http_port is not None or args.mcp_port is not None else DEFAULT_BRIDGE_HTTP_PORT
+    await serving.bridge(args.backend, host=args.host, http_port=http_port, mcp_port=args.mcp_port,
+                         metrics_port=args.metrics_port, options=options, http_limits=_http_limits(args))
 
 
 async def _drain(args: argparse.Namespace) -> None:

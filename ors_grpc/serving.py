@@ -2,9 +2,9 @@
 stops them together on SIGINT, or once SIGTERM has drained the server.
 
 `serve` runs the gRPC service (``ors_grpc._runtime``) with, on request, the
-HTTP door (``http_bridge``) in the same event loop over the in-process
-channel; `bridge` runs the HTTP door alone over a channel to a remote
-backend. The ``ors-grpc`` command (`ors_grpc.cli`) and `ors_grpc.server.Server.run`
+HTTP door (``http_bridge``) and the MCP door (``mcp_bridge``) in the same
+event loop over the in-process channel; `bridge` runs those doors alone over
+a channel to a remote backend. The ``ors-grpc`` command (`ors_grpc.cli`) and `ors_grpc.server.Server.run`
 both call these; this is the only module that imports the doors.
 
 Once every door accepts connections, each is announced on stdout as
@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Iterator, Sequence
 import grpc
 
 from http_bridge import HttpLimits, start_bridge
+from mcp_bridge import start_mcp_door
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
@@ -64,16 +65,17 @@ async def serve(
     host: str,
     port: int,
     http_port: int | None = None,
+    mcp_port: int | None = None,
     metrics_port: int | None = None,
     config: ServerConfig = ServerConfig(),
     http_limits: HttpLimits = HttpLimits(),
     toolsets: Any = (),
 ) -> None:
-    """Serve gRPC (and the HTTP door on `http_port`), announcing the doors
+    """Serve gRPC (and the HTTP door on `http_port`, the MCP door on `mcp_port`), announcing the doors
     once all are bound, until SIGINT, or until SIGTERM (or the Drain RPC)
     has drained the server (`Drain`; a second signal cuts the drain short);
     then stop gracefully: running calls get a short grace, and every
-    session left is torn down. With TLS both doors serve it, from the same
+    session left is torn down. With TLS every door serves it, from the same
     certificate and key."""
     names = check_environments(environments)
     ssl_context = https_context(config.tls_cert, config.tls_key)
@@ -94,8 +96,16 @@ async def serve(
                     max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, http_limits=http_limits,
                 ))
                 runners.append(runner)
+            bound_mcp_port = None
+            if mcp_port is not None:
+                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
+                    _local_target(host, bound_port), host, mcp_port, channel=server.in_process_channel,
+                    max_message_bytes=config.max_message_bytes, session_idle_timeout_s=config.session_timeout_s,
+                    tls_cert=config.tls_cert, tls_key=config.tls_key,
+                ))
+                runners.append(mcp_door)
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
-            _announce_doors(host, bound_port, bound_http_port, bound_metrics_port,
+            _announce_doors(host, bound_port, bound_http_port, bound_metrics_port, mcp_port=bound_mcp_port,
                             scheme=_scheme(ssl_context), serving=_serving_line(names))
             await _until_drained_or_stopped(server.drain, signals)
     finally:
@@ -160,26 +170,37 @@ async def bridge(
     backend: str,
     *,
     host: str,
-    http_port: int,
+    http_port: int | None,
+    mcp_port: int | None = None,
     metrics_port: int | None = None,
     options: BridgeOptions = BridgeOptions(),
     http_limits: HttpLimits = HttpLimits(),
 ) -> None:
-    """Serve the HTTP door onto the gRPC backend at `backend` (HOST:PORT)
-    until SIGINT/SIGTERM, announcing it once bound."""
+    """Serve the HTTP door (on `http_port`) and the MCP door (on `mcp_port`) onto
+    the gRPC backend at `backend` (HOST:PORT) until SIGINT/SIGTERM, announcing them once bound."""
     ssl_context = https_context(options.tls_cert, options.tls_key)
     if options.backend_tls_root_cert:
         _check_readable("--backend-tls-root-cert", options.backend_tls_root_cert)
-    runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
-        backend, host, http_port, max_body_bytes=options.max_body_bytes or options.max_message_bytes,
-        max_message_bytes=options.max_message_bytes, http_limits=http_limits, ssl_context=ssl_context,
-        tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
-    ))
-    runners: list[Any] = [runner]
+    runners: list[Any] = []
     try:
+        bound_http_port = bound_mcp_port = None
+        if http_port is not None:
+            runner, bound_http_port = await _bind("HTTP", host, http_port, start_bridge(
+                backend, host, http_port, max_body_bytes=options.max_body_bytes or options.max_message_bytes,
+                max_message_bytes=options.max_message_bytes, http_limits=http_limits, ssl_context=ssl_context,
+                tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
+            ))
+            runners.append(runner)
+        if mcp_port is not None:
+            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
+                backend, host, mcp_port, max_message_bytes=options.max_message_bytes,
+                tls_cert=options.tls_cert, tls_key=options.tls_key,
+                tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
+            ))
+            runners.append(mcp_door)
         with _stop_signals() as stop:
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
-            _announce_doors(host, None, bound_http_port, bound_metrics_port,
+            _announce_doors(host, None, bound_http_port, bound_metrics_port, mcp_port=bound_mcp_port,
                             scheme=_scheme(ssl_context), serving=f"bridging onto gRPC backend {backend}")
             await stop.wait()
     finally:
@@ -301,17 +322,21 @@ def _scheme(ssl_context: ssl.SSLContext | None) -> str:
     return "https://" if ssl_context else "http://"
 
 
+#: What the line for people adds after a door's address.
+_DOOR_PATHS = {"metrics": "/metrics", "MCP": "/{env}/mcp/{session_id}"}
+
+
 def _announce_doors(host: str, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
-                    *, scheme: str, serving: str) -> None:
+                    *, mcp_port: int | None = None, scheme: str, serving: str) -> None:
     """Once every door is bound: `DOOR listening on HOST:PORT` for each (tools parse these lines),
     then one line for people, naming what is served and where."""
-    doors = [("gRPC", grpc_port, ""), ("HTTP", http_port, scheme), ("metrics", metrics_port, "http://")]
+    doors = [("gRPC", grpc_port, ""), ("HTTP", http_port, scheme), ("MCP", mcp_port, scheme),
+             ("metrics", metrics_port, "http://")]
     where = []
     for door, port, prefix in doors:
         if port is not None:
             print(f"{door} listening on {host}:{port}", flush=True)
-            suffix = "/metrics" if door == "metrics" else ""
-            where.append(f"{door} {prefix}{host}:{port}{suffix}")
+            where.append(f"{door} {prefix}{host}:{port}{_DOOR_PATHS.get(door, '')}")
     print(f"{serving}: {', '.join(where)}", flush=True)
 
 

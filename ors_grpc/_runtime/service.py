@@ -327,6 +327,8 @@ async def _outcome_event(session: Session, call: ToolCallTask) -> pb.CallToolRes
     """Waits for a call to end: its result, or its failure when the tool raised."""
     outcome = await call.outcome()
     session.touch()
+    if outcome.message is not None:
+        return pb.CallToolResponse(result=outcome.message)
     if outcome.result is not None:
         return pb.CallToolResponse(result=_convert.run_tool_output_to_proto(outcome.result))
     return pb.CallToolResponse(failure=pb.ToolFailure(message=outcome.failure or ""))
@@ -494,8 +496,9 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         else:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "Provide either task_spec or both split and index, not both/neither")
-        toolset_cls = self._toolset_cls(request.toolset_name) if request.HasField("toolset_name") else None
-        await self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls)
+        toolset_name = request.toolset_name if request.HasField("toolset_name") else None
+        toolset_cls = self._toolset_cls(toolset_name) if toolset_name is not None else None
+        await self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls, toolset_name)
 
     def _toolset_cls(self, name: str) -> type:
         toolset_cls = self._toolsets.get(name)
@@ -675,6 +678,14 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         if step == "score_group":
             return pb.RunEpisodeResponse(score_group=await self._stream_scoring(request.score_group, stream_sid))
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "the request has no step")
+
+    # The episode record (an ORS extension) ------------------------------------
+
+    @_unary
+    async def GetEpisodeRecord(
+        self, request: pb.GetEpisodeRecordRequest, context: Any
+    ) -> pb.GetEpisodeRecordResponse:
+        return pb.GetEpisodeRecordResponse(record=self._sessions.record(self._session_id(request, context)))
 
     # Warm episodes (an ORS extension) ----------------------------------------
 

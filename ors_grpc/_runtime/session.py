@@ -11,6 +11,7 @@ from ors_grpc.authoring.environment import Environment
 from ors_grpc.protocol.errors import ORSError
 
 if TYPE_CHECKING:
+    from ors_grpc._runtime.episode_record import EpisodeRecorder
     from ors_grpc._runtime.tool_calls import SessionToolCalls
 
 __all__ = ["Session"]
@@ -27,7 +28,7 @@ class Session:
 
     def __init__(
         self, sid: str, env_cls: type[Environment], *, sync_lock: asyncio.Lock,
-        calls: SessionToolCalls, redact: Any,
+        calls: SessionToolCalls, redact: Any, record: EpisodeRecorder,
     ) -> None:
         self.sid = sid
         #: Keeps the episode's synchronous user code to one thread at a time.
@@ -41,6 +42,8 @@ class Session:
         self.constructed = asyncio.Event()
         #: Why a constructor failed (the creation fails with it).
         self.construction_error: ORSError | None = None
+        #: What happened in the episode (GetEpisodeRecord).
+        self.record = record
         self.ready = asyncio.Event()
         self.error: ORSError | None = None
         self.deleted = False

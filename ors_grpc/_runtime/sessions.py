@@ -24,8 +24,10 @@ import uuid
 from typing import Any, Iterable, Sequence
 
 from ors_grpc.observability import metrics
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools, overrides
+from ors_grpc._runtime.episode_record import EndedRecords, EpisodeRecorder
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
 from ors_grpc.protocol.errors import ORSError, bounded_text
@@ -94,6 +96,8 @@ class SessionTable:
         #: Set once the server drains: no new episode from then on.
         self.draining = False
         self._emptied: asyncio.Event | None = None
+        #: The records of ended episodes, answered as long as finished results linger.
+        self._ended_records = EndedRecords(result_linger_s)
 
     @property
     def open_count(self) -> int:
@@ -116,7 +120,7 @@ class SessionTable:
 
     async def create(
         self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
-        api_key: str = "", toolset_cls: type | None = None,
+        api_key: str = "", toolset_cls: type | None = None, toolset_name: str | None = None,
     ) -> Session:
         """Register an episode, start its construction (with its session
         toolset's, `toolset_cls`) and setup, or claim a prepared one of the
@@ -130,8 +134,9 @@ class SessionTable:
         session = None if toolset_cls is not None else self.warm.claim(env_cls, task_spec, secrets, api_key, sid)
         if session is None:
             self._check_room(1)
-            session = self._start(sid, env_cls, task_spec, secrets, toolset_cls)
+            session = self._start(sid, env_cls, task_spec, secrets, toolset_cls, toolset_name)
         session.sid = sid
+        session.record.created_at = time.time()  # a claimed episode's life starts now
         session.touch()
         self._sessions[sid] = session
         metrics.session_opened(env_cls)
@@ -169,20 +174,21 @@ class SessionTable:
 
     def _start(
         self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
-        toolset_cls: type | None = None,
+        toolset_cls: type | None = None, toolset_name: str | None = None,
     ) -> Session:
         """A new session whose construction (with its session toolset's,
         `toolset_cls`) and setup run in the background."""
         redact = redactor(secrets.values())
+        record = EpisodeRecorder(env_cls.name().lower(), task_spec, toolset_name, redact)
         sync_lock = asyncio.Lock()
         exclusive = class_has_exclusive_tools(env_cls) or (
             toolset_cls is not None and class_has_exclusive_tools(toolset_cls)
         )
         calls = SessionToolCalls(
             linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact,
-            gate=ExclusiveGate() if exclusive else None, counters=self.stats.of(env_cls),
+            gate=ExclusiveGate() if exclusive else None, counters=self.stats.of(env_cls), record=record,
         )
-        session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact)
+        session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact, record=record)
         session.setup_task = asyncio.get_running_loop().create_task(
             metrics.timed_setup(session, self._set_up(session, task_spec, secrets, toolset_cls)),
             name=f"ors-setup-{sid}",
@@ -241,11 +247,22 @@ class SessionTable:
         assert session.env is not None
         return session, session.env
 
-    async def delete(self, sid: str) -> None:
-        """End the episode of `sid`, if any. Idempotent."""
+    def record(self, sid: str) -> pb.EpisodeRecord:
+        """The record of the episode of `sid`: live, or ended within the linger time."""
+        session = self._sessions.get(sid)
+        if session is not None:
+            return session.record.to_proto(sid, setup_error=session.error.message if session.error else "")
+        record = self._ended_records.find(sid)
+        if record is None:
+            raise ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND, "Active environment not found")
+        return record
+
+    async def delete(self, sid: str, ended: int = pb.EPISODE_END_DELETED) -> None:
+        """End the episode of `sid`, if any (`ended`: how, for its record). Idempotent."""
         session = self._sessions.pop(sid, None)
         if session is None:
             return
+        self._ended_records.add(sid, session.record, ended, session.error.message if session.error else "")
         if not self._sessions and self._emptied is not None:
             self._emptied.set()
         metrics.session_closed()
@@ -267,7 +284,8 @@ class SessionTable:
             self._reaper.cancel()
             await asyncio.wait({self._reaper})
             self._reaper = None
-        await asyncio.gather(self.warm.close(), *(self.delete(sid) for sid in list(self._sessions)))
+        await asyncio.gather(self.warm.close(), *(self.delete(sid, pb.EPISODE_END_SERVER_STOPPED)
+                                                  for sid in list(self._sessions)))
 
     async def _stop_setup(self, session: Session) -> None:
         """Stop a running setup. Async setup is cancelled; synchronous code in
@@ -388,4 +406,4 @@ class SessionTable:
         if expired:
             logger.info("sessions_expired count=%d", len(expired))
             metrics.SESSIONS_REAPED.inc(len(expired))
-            await asyncio.gather(*(self.delete(sid) for sid in expired))
+            await asyncio.gather(*(self.delete(sid, pb.EPISODE_END_REAPED) for sid in expired))

@@ -18,6 +18,7 @@ tool have).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
 from ors_grpc.observability import metrics
-from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
+from ors_grpc._runtime.episode_record import EpisodeRecorder
 from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool, resolve_tool
-from ors_grpc.protocol import json_text
+from ors_grpc.protocol import convert, json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.server_stats import EnvironmentCounters
@@ -60,6 +62,8 @@ class CallOutcome:
 
     result: RunToolOutput | list[GroupScore] | None = None
     failure: str | None = None
+    #: A tool call's `result` as its message, made once when the call ended.
+    message: types_pb2.RunToolResult | None = None
 
 
 def _refused_as_finished(name: str) -> CallOutcome:
@@ -117,10 +121,13 @@ class SessionToolCalls:
     def __init__(
         self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str,
         gate: ExclusiveGate | None = None, counters: EnvironmentCounters | None = None,
+        record: EpisodeRecorder | None = None,
     ) -> None:
         self._linger_s = linger_s
         #: The environment's live-view counters (server_stats), if the server keeps them.
         self._counters = counters
+        #: The episode's record, where every tool call is written down.
+        self._record = record
         self._sync_lock = sync_lock
         self._timeout_s = timeout_s
         self._redact = redact
@@ -143,7 +150,7 @@ class SessionToolCalls:
         self, env: Environment, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
     ) -> ToolCallTask:
         """Runs a call under `task_id` (the client's choice), else a new one."""
-        return self._start(lambda: self._run(env, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
+        return self._start(lambda: self._recorded_run(env, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
 
     def start_scoring(
         self, env: Environment, candidates: Sequence[GroupCandidate], *, task_id: str | None = None
@@ -216,6 +223,28 @@ class SessionToolCalls:
     def _evict(self, task_id: str) -> None:
         self._evictions.pop(task_id, None)
         self._calls.pop(task_id, None)
+
+    async def _recorded_run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+        """`_run`, written down in the episode's record; the outcome carries its result message."""
+        record = self._record
+        call = record.call_started(name, tool_input) if record is not None else None
+        try:
+            outcome = await self._run(env, name, tool_input)
+        except asyncio.CancelledError:
+            if record is not None and call is not None:
+                record.call_failed(call, "the call was stopped: the session ended")
+            raise
+        if outcome.result is None:
+            if record is not None and call is not None:
+                record.call_failed(call, outcome.failure or "")
+            return outcome
+        try:
+            message = convert.run_tool_output_to_proto(outcome.result)
+        except Exception:  # left to the RPC, which answers it as it always did
+            message = None
+        if record is not None and call is not None:
+            record.call_returned(call, outcome.result, message.ByteSize() if message is not None else 0)
+        return dataclasses.replace(outcome, message=message)
 
     async def _run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""

@@ -21,13 +21,15 @@ from ors_grpc.client.aio import AsyncEnvironment, AsyncORSClient
 from ors_grpc.client.errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolError, ToolFailedError
 from ors_grpc.client.session import AsyncSession
 from ors_grpc.client.sync import Environment, ORSClient, Session
-from ors_grpc.client.types import Health, Task
+from ors_grpc.client.types import EpisodeRecord, EpisodeTotals, Health, Task, ToolCallRecord
 
 __all__ = [
     "AsyncEnvironment",
     "AsyncORSClient",
     "AsyncSession",
     "Environment",
+    "EpisodeRecord",
+    "EpisodeTotals",
     "GroupCandidate",
     "GroupScore",
     "Health",
@@ -43,6 +45,7 @@ __all__ = [
     "TerminalToolSpec",
     "TextBlock",
     "ToolCallError",
+    "ToolCallRecord",
     "ToolError",
     "ToolFailedError",
     "ToolOutput",

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional, Union
 
 from ors_grpc.protocol import convert as protocol_convert
 from ors_grpc.protocol import json_text
-from ors_grpc.protocol.enums import RUN_TOOL_ERROR_REASON, SPLIT_TYPE
+from ors_grpc.protocol.enums import EPISODE_END, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
 from ors_grpc._generated.ors.v1 import environment_service_pb2, types_pb2
 from ors_grpc.authoring.types import (
     GroupCandidate,
@@ -26,6 +26,7 @@ from ors_grpc.authoring.types import (
     ToolOutput,
     ToolSpec,
 )
+from ors_grpc.client.types import EpisodeRecord, EpisodeTotals, ToolCallRecord
 
 Block = Union[TextBlock, ImageBlock]
 
@@ -121,3 +122,28 @@ def group_candidate(candidate: Union[GroupCandidate, Any]) -> types_pb2.GroupCan
 
 def group_scores(result: environment_service_pb2.ScoreGroupResult) -> list[GroupScore]:
     return [GroupScore(reward=s.reward, metadata=_optional_json(s, "metadata")) for s in result.scores]
+
+
+def episode_record(record: environment_service_pb2.EpisodeRecord) -> EpisodeRecord:
+    """The wire's EpisodeRecord as the client's dataclasses."""
+    totals = record.totals
+    return EpisodeRecord(
+        session_id=record.session_id, env_name=record.env_name,
+        task=_optional_json(record, "task"),
+        toolset_name=record.toolset_name if record.HasField("toolset_name") else None,
+        created_at_unix_s=record.created_at_unix_s,
+        calls=[ToolCallRecord(
+            tool_name=call.tool_name, input=_optional_json(call, "input"),
+            input_omitted=call.input_omitted, input_bytes=call.input_bytes,
+            reward=call.reward if call.HasField("reward") else None, finished=call.finished,
+            refusal_reason=RUN_TOOL_ERROR_REASON.name(call.refusal_reason), error=call.error or None,
+            started_at_unix_s=call.started_at_unix_s, ended_at_unix_s=call.ended_at_unix_s or None,
+            output_bytes=call.output_bytes,
+        ) for call in record.calls],
+        calls_dropped=record.calls_dropped,
+        totals=EpisodeTotals(calls=totals.calls, reward_sum=totals.reward_sum,
+                             last_reward=totals.last_reward if totals.HasField("last_reward") else None,
+                             finished=totals.finished),
+        ended=EPISODE_END.name(record.ended), ended_at_unix_s=record.ended_at_unix_s or None,
+        setup_error=record.setup_error or None,
+    )

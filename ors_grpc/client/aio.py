@@ -21,7 +21,7 @@ from ors_grpc.client import _convert
 from ors_grpc.client._connection import DEFAULT_MAX_MESSAGE_BYTES, Connection
 from ors_grpc.client._tool_formats import Provider, format_tools
 from ors_grpc.client.session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
-from ors_grpc.client.types import Health, Task
+from ors_grpc.client.types import EpisodeRecord, Health, Task
 
 __all__ = ["API_KEY_ENV_VAR", "AsyncEnvironment", "AsyncORSClient"]
 
@@ -76,6 +76,13 @@ class AsyncORSClient:
 
     async def version(self) -> str:
         return (await self._connection.unary("Version", pb.VersionRequest())).version
+
+    async def episode_record(self, session_id: str) -> EpisodeRecord:
+        """What happened in the episode of `session_id` (made by any client, on any door):
+        live, or ended within the server's linger time."""
+        response = await self._connection.unary("GetEpisodeRecord", pb.GetEpisodeRecordRequest(session_id=session_id),
+                                                route_key=session_id)
+        return _convert.episode_record(response.record)
 
     async def list_environments(self) -> list[str]:
         return list((await self._connection.unary("ListEnvironments", pb.ListEnvironmentsRequest())).names)

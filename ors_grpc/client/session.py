@@ -19,6 +19,7 @@ from ors_grpc.client._episode_stream import EpisodeStream
 from ors_grpc.client._message_formats import format_messages
 from ors_grpc.client._tool_formats import Provider, format_tools
 from ors_grpc.client.errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolFailedError
+from ors_grpc.client.types import EpisodeRecord
 
 T = TypeVar("T")
 
@@ -103,6 +104,8 @@ class AsyncSession:
         #: The caller's id for the first creation (a prepared episode reserved
         #: for it, say); a retry creates under a new id.
         self._requested_id = session_id
+        #: The episode's id once it was deleted (its record lingers a while).
+        self._ended_session_id: Optional[str] = None
         self._connection = connection
         self._create_request = create_request
         self._ping_interval_s = ping_interval_s
@@ -395,6 +398,15 @@ class AsyncSession:
     async def ping(self) -> None:
         await self._unary("Ping", pb.PingRequest(session_id=self._live_id()))
 
+    async def episode_record(self) -> EpisodeRecord:
+        """What happened in this episode: its task, every tool call, totals. Also
+        after the session closed, while the server keeps the record (60 s by default)."""
+        session_id = self.session_id or self._ended_session_id
+        if session_id is None:
+            raise RuntimeError("the session was never opened: use it as a context manager")
+        response = await self._unary("GetEpisodeRecord", pb.GetEpisodeRecordRequest(session_id=session_id))
+        return _convert.episode_record(response.record)
+
     def _live_id(self) -> str:
         if self.session_id is None:
             raise RuntimeError("the session is not open: use it as a context manager")
@@ -422,6 +434,7 @@ class AsyncSession:
         """A `delete` step on the episode stream, else DeleteEpisode then
         DeleteSessionId; each bounded and best effort."""
         session_id, self.session_id = self.session_id, None
+        self._ended_session_id = session_id
         stream, self._stream = self._stream, None
         self._connection.open_sessions.discard(self)
         if session_id is None:

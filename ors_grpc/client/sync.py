@@ -24,7 +24,7 @@ from ors_grpc.client._convert import Block
 from ors_grpc.client._tool_formats import Provider
 from ors_grpc.client.aio import AsyncEnvironment, AsyncORSClient
 from ors_grpc.client.session import DEFAULT_PING_INTERVAL_S, DEFAULT_REATTACH_ATTEMPTS, AsyncSession
-from ors_grpc.client.types import Health, Task
+from ors_grpc.client.types import EpisodeRecord, Health, Task
 
 __all__ = ["Environment", "ORSClient", "Session"]
 
@@ -117,6 +117,9 @@ class Session:
 
     def ping(self) -> None:
         self._loop.run(self._async.ping())
+
+    def episode_record(self) -> EpisodeRecord:
+        return self._loop.run(self._async.episode_record())
 
 
 class Environment:
@@ -239,6 +242,9 @@ class ORSClient:
 
     def version(self) -> str:
         return self._loop.run(self._async.version())
+
+    def episode_record(self, session_id: str) -> EpisodeRecord:
+        return self._loop.run(self._async.episode_record(session_id))
 
     def list_environments(self) -> list[str]:
         return self._loop.run(self._async.list_environments())

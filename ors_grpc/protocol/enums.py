@@ -1,14 +1,15 @@
 """The proto enums that have JSON names in ORS (split types, message roles,
-refusal reasons): one table each, read both ways by the service, the client
-and the HTTP bridge."""
+refusal reasons, how an episode ended): one table each, read both ways by
+the service, the client and the doors."""
 
 from __future__ import annotations
 
 from typing import Generic, Hashable, Mapping, Optional, TypeVar
 
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 
-__all__ = ["MESSAGE_ROLE", "RUN_TOOL_ERROR_REASON", "SPLIT_TYPE", "EnumCodec"]
+__all__ = ["EPISODE_END", "MESSAGE_ROLE", "RUN_TOOL_ERROR_REASON", "SPLIT_TYPE", "EnumCodec"]
 
 Name = TypeVar("Name", bound=Optional[Hashable])
 
@@ -51,4 +52,12 @@ RUN_TOOL_ERROR_REASON: EnumCodec[Optional[str]] = EnumCodec({
     "name_collision": types_pb2.RUN_TOOL_ERROR_REASON_NAME_COLLISION,
     "input_validation": types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION,
     "episode_finished": types_pb2.RUN_TOOL_ERROR_REASON_EPISODE_FINISHED,
+})
+
+#: EpisodeRecord `ended`; None (JSON null) is UNSPECIFIED: the episode is live.
+EPISODE_END: EnumCodec[Optional[str]] = EnumCodec({
+    None: service_pb2.EPISODE_END_UNSPECIFIED,
+    "deleted": service_pb2.EPISODE_END_DELETED,
+    "reaped": service_pb2.EPISODE_END_REAPED,
+    "server_stopped": service_pb2.EPISODE_END_SERVER_STOPPED,
 })

@@ -201,3 +201,29 @@ def test_session_arguments_are_checked(client: ORSClient) -> None:
     for bad in ({}, {"split": "train"}, {"task": {"id": 0}, "split": "train", "index": 0}):
         with pytest.raises(ValueError):
             env.session(**bad)
+
+
+async def test_async_episode_record_during_the_episode_after_it_and_by_session_id(aclient: AsyncORSClient) -> None:
+    env = aclient.environment("echoenv")
+    async with env.session(await env.get_task("train", 2), secrets={"TOKEN": "s3cr3t"}) as session:
+        await session.call_tool("echo", {"text": "my s3cr3t"})
+        live = await session.episode_record()
+        assert (await session.call_tool("submit", {"answer": "42"})).reward == 1.0
+    ended = await session.episode_record()
+    by_id = await aclient.episode_record(ended.session_id)
+
+    assert live.ended is None and [call.tool_name for call in live.calls] == ["echo"]
+    assert live.calls[0].input == {"text": "my ***"} and live.calls[0].reward is None
+    assert ended == by_id and ended.ended == "deleted" and ended.task == TRAIN_TASKS[2]
+    assert [(call.tool_name, call.reward, call.finished) for call in ended.calls] == [
+        ("echo", None, False), ("submit", 1.0, True)]
+    assert ended.totals.calls == 2 and ended.totals.finished and ended.totals.last_reward == 1.0
+
+
+def test_sync_episode_record(client: ORSClient) -> None:
+    env = client.environment("echoenv")
+    with env.session(env.get_task("train", 0)) as session:
+        session.call_tool("add", {"a": 1, "b": 2})
+        record = session.episode_record()
+    assert record.calls[0].tool_name == "add" and record.calls[0].input == {"a": 1, "b": 2}
+    assert client.episode_record(record.session_id).ended == "deleted"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"^(gRPC|HTTP) listening on (\S+):(\d+)$")
+LISTENING = re.compile(r"^(gRPC|HTTP|MCP) listening on (\S+):(\d+)$")
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
@@ -37,6 +37,8 @@ class ServeProcess:
         self.proc = proc
         self.grpc_target: str | None = None
         self.http_url: str | None = None
+        #: The MCP door's base URL (`http://HOST:PORT`), with `--mcp-port`.
+        self.mcp_url: str | None = None
         #: stdout lines after the listening lines (read in the background).
         self.lines: "queue.Queue[str | None]" = queue.Queue()
 
@@ -69,7 +71,7 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
 def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = None) -> Iterator[ServeProcess]:
     """Start `python -m ors_grpc.cli serve --port 0 *args` and wait until it
     listens; its stderr goes to `stderr` (a file), else to the test's."""
-    wants_http = "--http-port" in args
+    wants_http, wants_mcp = "--http-port" in args, "--mcp-port" in args
     process_env = {**os.environ, **(env or {})}
     process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
@@ -79,14 +81,15 @@ def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = 
     serve = ServeProcess(proc)
     threading.Thread(target=_pump, args=(proc.stdout, serve.lines), daemon=True).start()
     try:
-        _wait_listening(serve, wants_http)
+        _wait_listening(serve, wants_http, wants_mcp)
         yield serve
     finally:
         serve.stop()
 
 
-def _wait_listening(serve: ServeProcess, wants_http: bool) -> None:
-    while serve.grpc_target is None or (wants_http and serve.http_url is None):
+def _wait_listening(serve: ServeProcess, wants_http: bool, wants_mcp: bool = False) -> None:
+    while serve.grpc_target is None or (wants_http and serve.http_url is None) or (
+            wants_mcp and serve.mcp_url is None):
         try:
             line = serve.lines.get(timeout=STARTUP_TIMEOUT_S)
         except queue.Empty:
@@ -99,6 +102,8 @@ def _wait_listening(serve: ServeProcess, wants_http: bool) -> None:
         door, host, port = match.groups()
         if door == "gRPC":
             serve.grpc_target = f"{host}:{port}"
+        elif door == "MCP":
+            serve.mcp_url = f"http://{host}:{port}"
         else:
             serve.http_url = f"http://{host}:{port}"
 
@@ -117,7 +122,7 @@ def start_bridge(backend_target: str, *args: str, env: Mapping[str, str] | None 
     try:
         # Only the HTTP door: mark the gRPC one as the backend's.
         bridge.grpc_target = backend_target
-        _wait_listening(bridge, wants_http=True)
+        _wait_listening(bridge, wants_http=True, wants_mcp="--mcp-port" in args)
         yield bridge
     finally:
         bridge.stop()

@@ -3,6 +3,7 @@
 import { randomUUID } from "node:crypto";
 import { Connection, type ORSClientOptions } from "./connection.js";
 import { Episode } from "./episode.js";
+import { toEpisodeRecord, type EpisodeRecord } from "./episode_record.js";
 import { EpisodeStream } from "./episode_stream.js";
 import { whileDraining } from "./draining.js";
 import { rpc } from "./errors.js";
@@ -31,6 +32,12 @@ export class ORSClient implements Disposable {
 
   async version(): Promise<string> {
     return (await rpc(this.service.version({}))).version;
+  }
+
+  /** What happened in the episode of `sessionId` (made by any client, on any door): live, or ended within the linger. */
+  async episodeRecord(sessionId: string): Promise<EpisodeRecord> {
+    const routed = this.connection.routed(sessionId);
+    return toEpisodeRecord((await rpc(this.service.getEpisodeRecord({ sessionId }, routed))).record);
   }
 
   /** The hosted environments' names; the first is the default one. */

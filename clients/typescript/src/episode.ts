@@ -1,5 +1,6 @@
 // An episode of an ORS server: what every episode offers (ORSEpisode), and
 // an episode driven with one RPC per step (Episode).
+import { toEpisodeRecord, type EpisodeRecord } from "./episode_record.js";
 import { rpc, ToolCallError } from "./errors.js";
 import { toMessage, toToolListing, type GroupCandidate, type GroupScore, type Message, type TerminalToolSpec, type ToolListing } from "./messages.js";
 import { attachTask, runTask, type SessionRoute, type TaskOptions } from "./tasks.js";
@@ -87,6 +88,15 @@ export abstract class ORSEpisode implements AsyncDisposable {
   /** Attaches to an earlier scoring of this episode by its task id. */
   attachScoreGroup(taskId: string, options: { signal?: AbortSignal } = {}): Promise<GroupScore[]> {
     return attachTask(this.route, scoring(this.route, []), taskId, options.signal);
+  }
+
+  /**
+   * What happened in this episode: its task, every tool call in order, totals.
+   * Also after `close()`, while the server keeps the record (60 s by default).
+   */
+  async episodeRecord(): Promise<EpisodeRecord> {
+    const { record } = await rpc(this.service.getEpisodeRecord({ sessionId: this.sessionId }, this.routed()));
+    return toEpisodeRecord(record);
   }
 
   /** Marks the session as active, so the server does not reap it while idle. */

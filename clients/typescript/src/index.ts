@@ -5,6 +5,7 @@ export { ORSClient, Environment } from "./client.js";
 export type { PrepareOptions, Prepared } from "./client.js";
 export type { ORSClientOptions, TlsOptions } from "./connection.js";
 export { Episode, ORSEpisode } from "./episode.js";
+export type { EpisodeRecord, ToolCallRecord } from "./episode_record.js";
 export { EpisodeStream, StreamEpisode } from "./episode_stream.js";
 export { ORSError, ScoreGroupFailedError, ToolCallError, ToolError, ToolFailedError, ERROR_REASON_METADATA_KEY } from "./errors.js";
 export { ErrorReason } from "./gen/ors/v1/errors_pb.js";

@@ -262,6 +262,25 @@ class SplitType(betterproto.Enum):
     """Tasks for final evaluation (JSON `"test"`)."""
 
 
+class EpisodeEnd(betterproto.Enum):
+    """How an episode ended."""
+
+    UNSPECIFIED = 0
+    """It has not ended: the episode is live (JSON `null`)."""
+
+    DELETED = 1
+    """
+    A client deleted it (DeleteEpisode, DeleteSessionId, a RunEpisode
+     `delete` step, HTTP `/delete`; JSON `"deleted"`).
+    """
+
+    REAPED = 2
+    """The server reaped it after its idle timeout (JSON `"reaped"`)."""
+
+    SERVER_STOPPED = 3
+    """The server stopped (JSON `"server_stopped"`)."""
+
+
 @dataclass(eq=False, repr=False)
 class JsonValue(betterproto.Message):
     """
@@ -1435,6 +1454,135 @@ class DrainResponse(betterproto.Message):
     """Seconds left until the drain timeout ends the remaining episodes."""
 
 
+@dataclass(eq=False, repr=False)
+class GetEpisodeRecordRequest(betterproto.Message):
+    """Request of GetEpisodeRecord."""
+
+    session_id: str = betterproto.string_field(1)
+    """The episode's session id."""
+
+
+@dataclass(eq=False, repr=False)
+class GetEpisodeRecordResponse(betterproto.Message):
+    """Answer of GetEpisodeRecord."""
+
+    record: "EpisodeRecord" = betterproto.message_field(1)
+    """The episode's record."""
+
+
+@dataclass(eq=False, repr=False)
+class EpisodeRecord(betterproto.Message):
+    """
+    What happened in one episode. JSON (HTTP `GET /{env}/episode`): the same
+     fields in snake_case, times as numbers of seconds, `task` and `input` as
+     JSON values, enums as the strings their comments give.
+    """
+
+    session_id: str = betterproto.string_field(1)
+    """The episode's session id."""
+
+    env_name: str = betterproto.string_field(2)
+    """The environment's name."""
+
+    task: "JsonValue" = betterproto.message_field(3)
+    """The task the episode was created with (JSON object)."""
+
+    toolset_name: Optional[str] = betterproto.string_field(4, optional=True)
+    """The session toolset attached at creation, if one was."""
+
+    created_at_unix_s: float = betterproto.double_field(5)
+    """Seconds since the Unix epoch when the episode was created."""
+
+    calls: List["ToolCallRecord"] = betterproto.message_field(6)
+    """
+    The tool calls, in the order they started (at most 1,000: the first).
+    """
+
+    calls_dropped: int = betterproto.int64_field(7)
+    """Calls left out of `calls` by the cap (the totals include them)."""
+
+    totals: "EpisodeTotals" = betterproto.message_field(8)
+    """Totals over every call of the episode."""
+
+    ended: "EpisodeEnd" = betterproto.enum_field(9)
+    """How the episode ended; UNSPECIFIED while it is live."""
+
+    ended_at_unix_s: float = betterproto.double_field(10)
+    """Seconds since the Unix epoch when it ended; 0 while it is live."""
+
+    setup_error: str = betterproto.string_field(11)
+    """
+    Why the episode's setup failed (its secrets masked); empty otherwise.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ToolCallRecord(betterproto.Message):
+    """One tool call of an episode, as its record keeps it."""
+
+    tool_name: str = betterproto.string_field(1)
+    """The tool's name, as the caller gave it."""
+
+    input: "JsonValue" = betterproto.message_field(2)
+    """The input (JSON object); unset when `input_omitted`."""
+
+    input_omitted: bool = betterproto.bool_field(3)
+    """True when the input was over 8 KiB of JSON and is not kept."""
+
+    input_bytes: int = betterproto.int64_field(4)
+    """The size of the input as JSON text, in bytes."""
+
+    reward: Optional[float] = betterproto.double_field(5, optional=True)
+    """
+    The reward the tool returned; unset for none (JSON `null`), for a
+     refusal, an error, or a call still running.
+    """
+
+    finished: bool = betterproto.bool_field(6)
+    """True when this call finished the episode."""
+
+    refusal_reason: "RunToolErrorReason" = betterproto.enum_field(7)
+    """
+    Why the call was refused without running the tool (JSON as
+     RunToolResult's `reason`); UNSPECIFIED when it ran or is running.
+    """
+
+    error: str = betterproto.string_field(8)
+    """
+    The refusal's text, or the message of what the tool raised (or of its
+     timeout), secrets masked; empty when the tool returned.
+    """
+
+    started_at_unix_s: float = betterproto.double_field(9)
+    """Seconds since the Unix epoch when the call started."""
+
+    ended_at_unix_s: float = betterproto.double_field(10)
+    """Seconds since the Unix epoch when it ended; 0 while it runs."""
+
+    output_bytes: int = betterproto.int64_field(11)
+    """
+    The size of the call's result message (RunToolResult) in bytes; 0 while
+     it runs or when the tool raised.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class EpisodeTotals(betterproto.Message):
+    """Totals over every tool call of an episode (also those past the cap)."""
+
+    calls: int = betterproto.int64_field(1)
+    """How many tool calls started."""
+
+    reward_sum: float = betterproto.double_field(2)
+    """The sum of the rewards the tools returned."""
+
+    last_reward: Optional[float] = betterproto.double_field(3, optional=True)
+    """The reward of the last call that returned one; unset for none."""
+
+    finished: bool = betterproto.bool_field(4)
+    """True once a call finished the episode."""
+
+
 class EnvironmentServiceStub(betterproto.ServiceStub):
     async def health(
         self,
@@ -1850,6 +1998,23 @@ class EnvironmentServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def get_episode_record(
+        self,
+        get_episode_record_request: "GetEpisodeRecordRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "GetEpisodeRecordResponse":
+        return await self._unary_unary(
+            "/ors.v1.EnvironmentService/GetEpisodeRecord",
+            get_episode_record_request,
+            GetEpisodeRecordResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class EnvironmentServiceBase(ServiceBase):
 
@@ -1964,6 +2129,11 @@ class EnvironmentServiceBase(ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def drain(self, drain_request: "DrainRequest") -> "DrainResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_episode_record(
+        self, get_episode_record_request: "GetEpisodeRecordRequest"
+    ) -> "GetEpisodeRecordResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_health(
@@ -2152,6 +2322,14 @@ class EnvironmentServiceBase(ServiceBase):
         response = await self.drain(request)
         await stream.send_message(response)
 
+    async def __rpc_get_episode_record(
+        self,
+        stream: "grpclib.server.Stream[GetEpisodeRecordRequest, GetEpisodeRecordResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.get_episode_record(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/ors.v1.EnvironmentService/Health": grpclib.const.Handler(
@@ -2297,5 +2475,11 @@ class EnvironmentServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DrainRequest,
                 DrainResponse,
+            ),
+            "/ors.v1.EnvironmentService/GetEpisodeRecord": grpclib.const.Handler(
+                self.__rpc_get_episode_record,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetEpisodeRecordRequest,
+                GetEpisodeRecordResponse,
             ),
         }

@@ -2,12 +2,24 @@
 from . import errors_pb2 as _errors_pb2
 from . import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class EpisodeEnd(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EPISODE_END_UNSPECIFIED: _ClassVar[EpisodeEnd]
+    EPISODE_END_DELETED: _ClassVar[EpisodeEnd]
+    EPISODE_END_REAPED: _ClassVar[EpisodeEnd]
+    EPISODE_END_SERVER_STOPPED: _ClassVar[EpisodeEnd]
+EPISODE_END_UNSPECIFIED: EpisodeEnd
+EPISODE_END_DELETED: EpisodeEnd
+EPISODE_END_REAPED: EpisodeEnd
+EPISODE_END_SERVER_STOPPED: EpisodeEnd
 
 class HealthRequest(_message.Message):
     __slots__ = ()
@@ -497,3 +509,79 @@ class DrainResponse(_message.Message):
     open_sessions: int
     seconds_left: float
     def __init__(self, open_sessions: _Optional[int] = ..., seconds_left: _Optional[float] = ...) -> None: ...
+
+class GetEpisodeRecordRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetEpisodeRecordResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: EpisodeRecord
+    def __init__(self, record: _Optional[_Union[EpisodeRecord, _Mapping]] = ...) -> None: ...
+
+class EpisodeRecord(_message.Message):
+    __slots__ = ("session_id", "env_name", "task", "toolset_name", "created_at_unix_s", "calls", "calls_dropped", "totals", "ended", "ended_at_unix_s", "setup_error")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TOOLSET_NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SETUP_ERROR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    env_name: str
+    task: _types_pb2.JsonValue
+    toolset_name: str
+    created_at_unix_s: float
+    calls: _containers.RepeatedCompositeFieldContainer[ToolCallRecord]
+    calls_dropped: int
+    totals: EpisodeTotals
+    ended: EpisodeEnd
+    ended_at_unix_s: float
+    setup_error: str
+    def __init__(self, session_id: _Optional[str] = ..., env_name: _Optional[str] = ..., task: _Optional[_Union[_types_pb2.JsonValue, _Mapping]] = ..., toolset_name: _Optional[str] = ..., created_at_unix_s: _Optional[float] = ..., calls: _Optional[_Iterable[_Union[ToolCallRecord, _Mapping]]] = ..., calls_dropped: _Optional[int] = ..., totals: _Optional[_Union[EpisodeTotals, _Mapping]] = ..., ended: _Optional[_Union[EpisodeEnd, str]] = ..., ended_at_unix_s: _Optional[float] = ..., setup_error: _Optional[str] = ...) -> None: ...
+
+class ToolCallRecord(_message.Message):
+    __slots__ = ("tool_name", "input", "input_omitted", "input_bytes", "reward", "finished", "refusal_reason", "error", "started_at_unix_s", "ended_at_unix_s", "output_bytes")
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tool_name: str
+    input: _types_pb2.JsonValue
+    input_omitted: bool
+    input_bytes: int
+    reward: float
+    finished: bool
+    refusal_reason: _types_pb2.RunToolErrorReason
+    error: str
+    started_at_unix_s: float
+    ended_at_unix_s: float
+    output_bytes: int
+    def __init__(self, tool_name: _Optional[str] = ..., input: _Optional[_Union[_types_pb2.JsonValue, _Mapping]] = ..., input_omitted: _Optional[bool] = ..., input_bytes: _Optional[int] = ..., reward: _Optional[float] = ..., finished: _Optional[bool] = ..., refusal_reason: _Optional[_Union[_types_pb2.RunToolErrorReason, str]] = ..., error: _Optional[str] = ..., started_at_unix_s: _Optional[float] = ..., ended_at_unix_s: _Optional[float] = ..., output_bytes: _Optional[int] = ...) -> None: ...
+
+class EpisodeTotals(_message.Message):
+    __slots__ = ("calls", "reward_sum", "last_reward", "finished")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_SUM_FIELD_NUMBER: _ClassVar[int]
+    LAST_REWARD_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    calls: int
+    reward_sum: float
+    last_reward: float
+    finished: bool
+    def __init__(self, calls: _Optional[int] = ..., reward_sum: _Optional[float] = ..., last_reward: _Optional[float] = ..., finished: _Optional[bool] = ...) -> None: ...

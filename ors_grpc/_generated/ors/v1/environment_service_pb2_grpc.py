@@ -184,6 +184,11 @@ class EnvironmentServiceStub:
                 request_serializer=ors_dot_v1_dot_environment__service__pb2.DrainRequest.SerializeToString,
                 response_deserializer=ors_dot_v1_dot_environment__service__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.GetEpisodeRecord = channel.unary_unary(
+                '/ors.v1.EnvironmentService/GetEpisodeRecord',
+                request_serializer=ors_dot_v1_dot_environment__service__pb2.GetEpisodeRecordRequest.SerializeToString,
+                response_deserializer=ors_dot_v1_dot_environment__service__pb2.GetEpisodeRecordResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentServiceServicer:
@@ -479,6 +484,25 @@ class EnvironmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetEpisodeRecord(self, request, context):
+        """What happened in an episode, for whoever runs the trial (an extension of
+        ORS; HTTP `GET /{env}/episode` with `X-Session-ID`): the task, every tool
+        call in the order they started (name, input, reward, finished, refusal
+        or error, start and end time, output size; never the output itself) and
+        totals. Read-only, and answered for a live episode and for an ended one
+        for as long as finished tool results linger (60 s by default) after it
+        ended (the latest 10,000 ended episodes at most); NOT_FOUND
+        (ERROR_REASON_SESSION_NOT_FOUND) otherwise. It needs no
+        finished setup. It never carries secrets: they are not in it, and the
+        episode's secret values are masked (`***`) wherever an input or an error
+        text contains them. Bounded: at most 1,000 calls are kept (the first
+        ones; `calls_dropped` counts the rest, which the totals still include),
+        and an input over 8 KiB of JSON is left out (`input_omitted`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -601,6 +625,11 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=ors_dot_v1_dot_environment__service__pb2.DrainRequest.FromString,
                     response_serializer=ors_dot_v1_dot_environment__service__pb2.DrainResponse.SerializeToString,
+            ),
+            'GetEpisodeRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEpisodeRecord,
+                    request_deserializer=ors_dot_v1_dot_environment__service__pb2.GetEpisodeRecordRequest.FromString,
+                    response_serializer=ors_dot_v1_dot_environment__service__pb2.GetEpisodeRecordResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1280,6 +1309,33 @@ class EnvironmentService:
             '/ors.v1.EnvironmentService/Drain',
             ors_dot_v1_dot_environment__service__pb2.DrainRequest.SerializeToString,
             ors_dot_v1_dot_environment__service__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEpisodeRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ors.v1.EnvironmentService/GetEpisodeRecord',
+            ors_dot_v1_dot_environment__service__pb2.GetEpisodeRecordRequest.SerializeToString,
+            ors_dot_v1_dot_environment__service__pb2.GetEpisodeRecordResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,11 +4,11 @@
 // @generated from file ors/v1/environment_service.proto (package ors.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { ErrorReason } from "./errors_pb.js";
 import { file_ors_v1_errors } from "./errors_pb.js";
-import type { Block, GroupCandidate, GroupScore, JsonValue, Message as Message$1, RunToolResult, Split, Task, TerminalToolSpec, ToolCall, ToolSpec } from "./types_pb.js";
+import type { Block, GroupCandidate, GroupScore, JsonValue, Message as Message$1, RunToolErrorReason, RunToolResult, Split, Task, TerminalToolSpec, ToolCall, ToolSpec } from "./types_pb.js";
 import { file_ors_v1_types } from "./types_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file ors/v1/environment_service.proto.
  */
 export const file_ors_v1_environment_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBvcnMvdjEvZW52aXJvbm1lbnRfc2VydmljZS5wcm90bxIGb3JzLnYxIg8KDUhlYWx0aFJlcXVlc3QiNwoOSGVhbHRoUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJEhUKDW9wZW5fc2Vzc2lvbnMYAiABKAMiEAoOVmVyc2lvblJlcXVlc3QiIgoPVmVyc2lvblJlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkiGQoXTGlzdEVudmlyb25tZW50c1JlcXVlc3QiKQoYTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEg0KBW5hbWVzGAEgAygJIiQKEExpc3RUb29sc1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkioAEKEUxpc3RUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIiUKEUxpc3RTcGxpdHNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJIjMKEkxpc3RTcGxpdHNSZXNwb25zZRIdCgZzcGxpdHMYASADKAsyDS5vcnMudjEuU3BsaXQiMwoQTGlzdFRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSJCChFMaXN0VGFza3NSZXNwb25zZRIbCgV0YXNrcxgBIAMoCzIMLm9ycy52MS5UYXNrEhAKCGVudl9uYW1lGAIgASgJIjIKD051bVRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSIlChBOdW1UYXNrc1Jlc3BvbnNlEhEKCW51bV90YXNrcxgBIAEoAyJACg5HZXRUYXNrUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCRINCgVpbmRleBgDIAEoAyItCg9HZXRUYXNrUmVzcG9uc2USGgoEdGFzaxgBIAEoCzIMLm9ycy52MS5UYXNrInAKE0dldFRhc2tSYW5nZVJlcXVlc3QSEAoIZW52X25hbWUYASABKAkSDQoFc3BsaXQYAiABKAkSEgoFc3RhcnQYAyABKANIAIgBARIRCgRzdG9wGAQgASgDSAGIAQFCCAoGX3N0YXJ0QgcKBV9zdG9wIjMKFEdldFRhc2tSYW5nZVJlc3BvbnNlEhsKBXRhc2tzGAEgAygLMgwub3JzLnYxLlRhc2siGAoWQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdCItChdDcmVhdGVTZXNzaW9uSWRSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIikKCVRhc2tJbmRleBINCgVzcGxpdBgBIAEoCRINCgVpbmRleBgCIAEoAyK0AgoUQ3JlYXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghlbnZfbmFtZRgCIAEoCRImCgl0YXNrX3NwZWMYAyABKAsyES5vcnMudjEuSnNvblZhbHVlSAASJwoKdGFza19pbmRleBgEIAEoCzIRLm9ycy52MS5UYXNrSW5kZXhIABI6CgdzZWNyZXRzGAUgAygLMikub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0LlNlY3JldHNFbnRyeRIZCgx0b29sc2V0X25hbWUYBiABKAlIAYgBARouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUINCgt0YXNrX3NvdXJjZUIPCg1fdG9vbHNldF9uYW1lIisKFUNyZWF0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiYKEEdldFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIyChFHZXRQcm9tcHRSZXNwb25zZRIdCgZibG9ja3MYASADKAsyDS5vcnMudjEuQmxvY2siKgoUTGlzdFRhc2tUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSKkAQoVTGlzdFRhc2tUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIl4KD0NhbGxUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEh4KBGNhbGwYAiABKAsyEC5vcnMudjEuVG9vbENhbGwSFwoPaWRlbXBvdGVuY3lfa2V5GAMgASgJIh4KC1Rvb2xGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkifwoQQ2FsbFRvb2xSZXNwb25zZRIRCgd0YXNrX2lkGAEgASgJSAASJwoGcmVzdWx0GAIgASgLMhUub3JzLnYxLlJ1blRvb2xSZXN1bHRIABImCgdmYWlsdXJlGAMgASgLMhMub3JzLnYxLlRvb2xGYWlsdXJlSABCBwoFZXZlbnQiIQoLUGluZ1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIeCgxQaW5nUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJIioKFERlbGV0ZUVwaXNvZGVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiKwoVRGVsZXRlRXBpc29kZVJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAkiLAoWRGVsZXRlU2Vzc2lvbklkUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIi0KF0RlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAki8gIKEVJ1bkVwaXNvZGVSZXF1ZXN0Ei4KBmNyZWF0ZRgBIAEoCzIcLm9ycy52MS5DcmVhdGVFcGlzb2RlUmVxdWVzdEgAEi4KCmdldF9wcm9tcHQYAiABKAsyGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdEgAEjcKD2xpc3RfdGFza190b29scxgDIAEoCzIcLm9ycy52MS5MaXN0VGFza1Rvb2xzUmVxdWVzdEgAEikKCWNhbGxfdG9vbBgEIAEoCzIULm9ycy52MS5Ub29sQ2FsbFN0ZXBIABIuCgZkZWxldGUYBSABKAsyHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3RIABIyCgxnZXRfbWVzc2FnZXMYCiABKAsyGi5vcnMudjEuR2V0TWVzc2FnZXNSZXF1ZXN0SAASLQoLc2NvcmVfZ3JvdXAYCyABKAsyFi5vcnMudjEuU2NvcmVHcm91cFN0ZXBIAEIGCgRzdGVwIk8KDFRvb2xDYWxsU3RlcBIMCgRuYW1lGAEgASgJEiAKBWlucHV0GAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZRIPCgd0YXNrX2lkGAMgASgJIqQDChJSdW5FcGlzb2RlUmVzcG9uc2USLwoGY3JlYXRlGAEgASgLMh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZUgAEi8KCmdldF9wcm9tcHQYAiABKAsyGS5vcnMudjEuR2V0UHJvbXB0UmVzcG9uc2VIABI4Cg9saXN0X3Rhc2tfdG9vbHMYAyABKAsyHS5vcnMudjEuTGlzdFRhc2tUb29sc1Jlc3BvbnNlSAASLQoJY2FsbF90b29sGAQgASgLMhgub3JzLnYxLkNhbGxUb29sUmVzcG9uc2VIABIvCgZkZWxldGUYBiABKAsyHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlSAASIgoFZXJyb3IYBSABKAsyES5vcnMudjEuU3RlcEVycm9ySAASMwoMZ2V0X21lc3NhZ2VzGAogASgLMhsub3JzLnYxLkdldE1lc3NhZ2VzUmVzcG9uc2VIABIxCgtzY29yZV9ncm91cBgLIAEoCzIaLm9ycy52MS5TY29yZUdyb3VwUmVzcG9uc2VIAEIGCgRzdGVwIk8KCVN0ZXBFcnJvchIMCgRjb2RlGAEgASgFEiMKBnJlYXNvbhgCIAEoDjITLm9ycy52MS5FcnJvclJlYXNvbhIPCgdtZXNzYWdlGAMgASgJIvQBChZQcmVwYXJlRXBpc29kZXNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEiUKCnRhc2tfc3BlY3MYAiADKAsyES5vcnMudjEuSnNvblZhbHVlEg0KBXNwbGl0GAMgASgJEg8KB2luZGljZXMYBCADKAMSPAoHc2VjcmV0cxgFIAMoCzIrLm9ycy52MS5QcmVwYXJlRXBpc29kZXNSZXF1ZXN0LlNlY3JldHNFbnRyeRITCgtzZXNzaW9uX2lkcxgGIAMoCRouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJBChdQcmVwYXJlRXBpc29kZXNSZXNwb25zZRIRCglwcmVwYXJpbmcYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAEi7QEKHUNhbmNlbFByZXBhcmVkRXBpc29kZXNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEiUKCnRhc2tfc3BlY3MYAiADKAsyES5vcnMudjEuSnNvblZhbHVlEg0KBXNwbGl0GAMgASgJEg8KB2luZGljZXMYBCADKAMSQwoHc2VjcmV0cxgFIAMoCzIyLm9ycy52MS5DYW5jZWxQcmVwYXJlZEVwaXNvZGVzUmVxdWVzdC5TZWNyZXRzRW50cnkaLgoMU2VjcmV0c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiMwoeQ2FuY2VsUHJlcGFyZWRFcGlzb2Rlc1Jlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoAyIoChJHZXRNZXNzYWdlc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSI4ChNHZXRNZXNzYWdlc1Jlc3BvbnNlEiEKCG1lc3NhZ2VzGAEgAygLMg8ub3JzLnYxLk1lc3NhZ2UifQoRU2NvcmVHcm91cFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIqCgpjYW5kaWRhdGVzGAIgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIjYKEFNjb3JlR3JvdXBSZXN1bHQSIgoGc2NvcmVzGAEgAygLMhIub3JzLnYxLkdyb3VwU2NvcmUiJAoRU2NvcmVHcm91cEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSKKAQoSU2NvcmVHcm91cFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABIqCgZyZXN1bHQYAiABKAsyGC5vcnMudjEuU2NvcmVHcm91cFJlc3VsdEgAEiwKB2ZhaWx1cmUYAyABKAsyGS5vcnMudjEuU2NvcmVHcm91cEZhaWx1cmVIAEIHCgVldmVudCJNCg5TY29yZUdyb3VwU3RlcBIqCgpjYW5kaWRhdGVzGAEgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAiABKAkiFwoVR2V0U2VydmVyU3RhdHNSZXF1ZXN0ImAKFkdldFNlcnZlclN0YXRzUmVzcG9uc2USLgoMZW52aXJvbm1lbnRzGAEgAygLMhgub3JzLnYxLkVudmlyb25tZW50U3RhdHMSFgoOd2luZG93X3NlY29uZHMYAiABKAEiswIKEEVudmlyb25tZW50U3RhdHMSEAoIZW52X25hbWUYASABKAkSFQoNb3Blbl9zZXNzaW9ucxgCIAEoAxIZChFwcmVwYXJlZF9lcGlzb2RlcxgDIAEoAxIcChR0b29sX2NhbGxzX2luX2ZsaWdodBgEIAEoAxIdChV0b29sX2NhbGxzX3Blcl9zZWNvbmQYBSABKAESIAoTY2FsbF9sYXRlbmN5X3A1MF9tcxgGIAEoAUgAiAEBEiAKE2NhbGxfbGF0ZW5jeV9wOTlfbXMYByABKAFIAYgBARIqCg1yZWNlbnRfZXJyb3JzGAggAygLMhMub3JzLnYxLlNlcnZlckVycm9yQhYKFF9jYWxsX2xhdGVuY3lfcDUwX21zQhYKFF9jYWxsX2xhdGVuY3lfcDk5X21zIkQKC1NlcnZlckVycm9yEhQKDHRpbWVfdW5peF9tcxgBIAEoAxIOCgZzb3VyY2UYAiABKAkSDwoHbWVzc2FnZRgDIAEoCSIOCgxEcmFpblJlcXVlc3QiPAoNRHJhaW5SZXNwb25zZRIVCg1vcGVuX3Nlc3Npb25zGAEgASgDEhQKDHNlY29uZHNfbGVmdBgCIAEoATLTDQoSRW52aXJvbm1lbnRTZXJ2aWNlEjcKBkhlYWx0aBIVLm9ycy52MS5IZWFsdGhSZXF1ZXN0GhYub3JzLnYxLkhlYWx0aFJlc3BvbnNlEjoKB1ZlcnNpb24SFi5vcnMudjEuVmVyc2lvblJlcXVlc3QaFy5vcnMudjEuVmVyc2lvblJlc3BvbnNlElUKEExpc3RFbnZpcm9ubWVudHMSHy5vcnMudjEuTGlzdEVudmlyb25tZW50c1JlcXVlc3QaIC5vcnMudjEuTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEkAKCUxpc3RUb29scxIYLm9ycy52MS5MaXN0VG9vbHNSZXF1ZXN0Ghkub3JzLnYxLkxpc3RUb29sc1Jlc3BvbnNlEkMKCkxpc3RTcGxpdHMSGS5vcnMudjEuTGlzdFNwbGl0c1JlcXVlc3QaGi5vcnMudjEuTGlzdFNwbGl0c1Jlc3BvbnNlEkAKCUxpc3RUYXNrcxIYLm9ycy52MS5MaXN0VGFza3NSZXF1ZXN0Ghkub3JzLnYxLkxpc3RUYXNrc1Jlc3BvbnNlEj0KCE51bVRhc2tzEhcub3JzLnYxLk51bVRhc2tzUmVxdWVzdBoYLm9ycy52MS5OdW1UYXNrc1Jlc3BvbnNlEjoKB0dldFRhc2sSFi5vcnMudjEuR2V0VGFza1JlcXVlc3QaFy5vcnMudjEuR2V0VGFza1Jlc3BvbnNlEkkKDEdldFRhc2tSYW5nZRIbLm9ycy52MS5HZXRUYXNrUmFuZ2VSZXF1ZXN0Ghwub3JzLnYxLkdldFRhc2tSYW5nZVJlc3BvbnNlElIKD0NyZWF0ZVNlc3Npb25JZBIeLm9ycy52MS5DcmVhdGVTZXNzaW9uSWRSZXF1ZXN0Gh8ub3JzLnYxLkNyZWF0ZVNlc3Npb25JZFJlc3BvbnNlEkwKDUNyZWF0ZUVwaXNvZGUSHC5vcnMudjEuQ3JlYXRlRXBpc29kZVJlcXVlc3QaHS5vcnMudjEuQ3JlYXRlRXBpc29kZVJlc3BvbnNlEkAKCUdldFByb21wdBIYLm9ycy52MS5HZXRQcm9tcHRSZXF1ZXN0Ghkub3JzLnYxLkdldFByb21wdFJlc3BvbnNlEkwKDUxpc3RUYXNrVG9vbHMSHC5vcnMudjEuTGlzdFRhc2tUb29sc1JlcXVlc3QaHS5vcnMudjEuTGlzdFRhc2tUb29sc1Jlc3BvbnNlEj8KCENhbGxUb29sEhcub3JzLnYxLkNhbGxUb29sUmVxdWVzdBoYLm9ycy52MS5DYWxsVG9vbFJlc3BvbnNlMAESMQoEUGluZxITLm9ycy52MS5QaW5nUmVxdWVzdBoULm9ycy52MS5QaW5nUmVzcG9uc2USTAoNRGVsZXRlRXBpc29kZRIcLm9ycy52MS5EZWxldGVFcGlzb2RlUmVxdWVzdBodLm9ycy52MS5EZWxldGVFcGlzb2RlUmVzcG9uc2USUgoPRGVsZXRlU2Vzc2lvbklkEh4ub3JzLnYxLkRlbGV0ZVNlc3Npb25JZFJlcXVlc3QaHy5vcnMudjEuRGVsZXRlU2Vzc2lvbklkUmVzcG9uc2USRwoKUnVuRXBpc29kZRIZLm9ycy52MS5SdW5FcGlzb2RlUmVxdWVzdBoaLm9ycy52MS5SdW5FcGlzb2RlUmVzcG9uc2UoATABEkYKC0dldE1lc3NhZ2VzEhoub3JzLnYxLkdldE1lc3NhZ2VzUmVxdWVzdBobLm9ycy52MS5HZXRNZXNzYWdlc1Jlc3BvbnNlEkUKClNjb3JlR3JvdXASGS5vcnMudjEuU2NvcmVHcm91cFJlcXVlc3QaGi5vcnMudjEuU2NvcmVHcm91cFJlc3BvbnNlMAESUgoPUHJlcGFyZUVwaXNvZGVzEh4ub3JzLnYxLlByZXBhcmVFcGlzb2Rlc1JlcXVlc3QaHy5vcnMudjEuUHJlcGFyZUVwaXNvZGVzUmVzcG9uc2USZwoWQ2FuY2VsUHJlcGFyZWRFcGlzb2RlcxIlLm9ycy52MS5DYW5jZWxQcmVwYXJlZEVwaXNvZGVzUmVxdWVzdBomLm9ycy52MS5DYW5jZWxQcmVwYXJlZEVwaXNvZGVzUmVzcG9uc2USTwoOR2V0U2VydmVyU3RhdHMSHS5vcnMudjEuR2V0U2VydmVyU3RhdHNSZXF1ZXN0Gh4ub3JzLnYxLkdldFNlcnZlclN0YXRzUmVzcG9uc2USNAoFRHJhaW4SFC5vcnMudjEuRHJhaW5SZXF1ZXN0GhUub3JzLnYxLkRyYWluUmVzcG9uc2VCxAEKHGlvLm9wZW5yZXdhcmRzdGFuZGFyZC5vcnMudjFCF0Vudmlyb25tZW50U2VydmljZVByb3RvUAFaLW9wZW5yZXdhcmRzdGFuZGFyZC5pby9vcnMvZ2VuL2dvL29ycy92MTtvcnN2MaICA09SU6oCGU9wZW5SZXdhcmRTdGFuZGFyZC5PcnMuVjHKAhlPcGVuUmV3YXJkU3RhbmRhcmRcT3JzXFYx6gIbT3BlblJld2FyZFN0YW5kYXJkOjpPcnM6OlYxYgZwcm90bzM", [file_ors_v1_errors, file_ors_v1_types]);
+  fileDesc("CiBvcnMvdjEvZW52aXJvbm1lbnRfc2VydmljZS5wcm90bxIGb3JzLnYxIg8KDUhlYWx0aFJlcXVlc3QiNwoOSGVhbHRoUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJEhUKDW9wZW5fc2Vzc2lvbnMYAiABKAMiEAoOVmVyc2lvblJlcXVlc3QiIgoPVmVyc2lvblJlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkiGQoXTGlzdEVudmlyb25tZW50c1JlcXVlc3QiKQoYTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEg0KBW5hbWVzGAEgAygJIiQKEExpc3RUb29sc1JlcXVlc3QSEAoIZW52X25hbWUYASABKAkioAEKEUxpc3RUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIiUKEUxpc3RTcGxpdHNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJIjMKEkxpc3RTcGxpdHNSZXNwb25zZRIdCgZzcGxpdHMYASADKAsyDS5vcnMudjEuU3BsaXQiMwoQTGlzdFRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSJCChFMaXN0VGFza3NSZXNwb25zZRIbCgV0YXNrcxgBIAMoCzIMLm9ycy52MS5UYXNrEhAKCGVudl9uYW1lGAIgASgJIjIKD051bVRhc2tzUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCSIlChBOdW1UYXNrc1Jlc3BvbnNlEhEKCW51bV90YXNrcxgBIAEoAyJACg5HZXRUYXNrUmVxdWVzdBIQCghlbnZfbmFtZRgBIAEoCRINCgVzcGxpdBgCIAEoCRINCgVpbmRleBgDIAEoAyItCg9HZXRUYXNrUmVzcG9uc2USGgoEdGFzaxgBIAEoCzIMLm9ycy52MS5UYXNrInAKE0dldFRhc2tSYW5nZVJlcXVlc3QSEAoIZW52X25hbWUYASABKAkSDQoFc3BsaXQYAiABKAkSEgoFc3RhcnQYAyABKANIAIgBARIRCgRzdG9wGAQgASgDSAGIAQFCCAoGX3N0YXJ0QgcKBV9zdG9wIjMKFEdldFRhc2tSYW5nZVJlc3BvbnNlEhsKBXRhc2tzGAEgAygLMgwub3JzLnYxLlRhc2siGAoWQ3JlYXRlU2Vzc2lvbklkUmVxdWVzdCItChdDcmVhdGVTZXNzaW9uSWRSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIikKCVRhc2tJbmRleBINCgVzcGxpdBgBIAEoCRINCgVpbmRleBgCIAEoAyK0AgoUQ3JlYXRlRXBpc29kZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghlbnZfbmFtZRgCIAEoCRImCgl0YXNrX3NwZWMYAyABKAsyES5vcnMudjEuSnNvblZhbHVlSAASJwoKdGFza19pbmRleBgEIAEoCzIRLm9ycy52MS5UYXNrSW5kZXhIABI6CgdzZWNyZXRzGAUgAygLMikub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXF1ZXN0LlNlY3JldHNFbnRyeRIZCgx0b29sc2V0X25hbWUYBiABKAlIAYgBARouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUINCgt0YXNrX3NvdXJjZUIPCg1fdG9vbHNldF9uYW1lIisKFUNyZWF0ZUVwaXNvZGVSZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJIiYKEEdldFByb21wdFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIyChFHZXRQcm9tcHRSZXNwb25zZRIdCgZibG9ja3MYASADKAsyDS5vcnMudjEuQmxvY2siKgoUTGlzdFRhc2tUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSKkAQoVTGlzdFRhc2tUb29sc1Jlc3BvbnNlEh8KBXRvb2xzGAEgAygLMhAub3JzLnYxLlRvb2xTcGVjEi8KDXRlcm1pbmFsX3Rvb2wYAiABKAsyGC5vcnMudjEuVGVybWluYWxUb29sU3BlYxIcChRzdXBwb3J0c19zY29yZV9ncm91cBgDIAEoCBIbChNtZXNzYWdlX2Jsb2NrX3R5cGVzGAQgAygJIl4KD0NhbGxUb29sUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEh4KBGNhbGwYAiABKAsyEC5vcnMudjEuVG9vbENhbGwSFwoPaWRlbXBvdGVuY3lfa2V5GAMgASgJIh4KC1Rvb2xGYWlsdXJlEg8KB21lc3NhZ2UYASABKAkifwoQQ2FsbFRvb2xSZXNwb25zZRIRCgd0YXNrX2lkGAEgASgJSAASJwoGcmVzdWx0GAIgASgLMhUub3JzLnYxLlJ1blRvb2xSZXN1bHRIABImCgdmYWlsdXJlGAMgASgLMhMub3JzLnYxLlRvb2xGYWlsdXJlSABCBwoFZXZlbnQiIQoLUGluZ1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSIeCgxQaW5nUmVzcG9uc2USDgoGc3RhdHVzGAEgASgJIioKFERlbGV0ZUVwaXNvZGVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiKwoVRGVsZXRlRXBpc29kZVJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAkiLAoWRGVsZXRlU2Vzc2lvbklkUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIi0KF0RlbGV0ZVNlc3Npb25JZFJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAki8gIKEVJ1bkVwaXNvZGVSZXF1ZXN0Ei4KBmNyZWF0ZRgBIAEoCzIcLm9ycy52MS5DcmVhdGVFcGlzb2RlUmVxdWVzdEgAEi4KCmdldF9wcm9tcHQYAiABKAsyGC5vcnMudjEuR2V0UHJvbXB0UmVxdWVzdEgAEjcKD2xpc3RfdGFza190b29scxgDIAEoCzIcLm9ycy52MS5MaXN0VGFza1Rvb2xzUmVxdWVzdEgAEikKCWNhbGxfdG9vbBgEIAEoCzIULm9ycy52MS5Ub29sQ2FsbFN0ZXBIABIuCgZkZWxldGUYBSABKAsyHC5vcnMudjEuRGVsZXRlRXBpc29kZVJlcXVlc3RIABIyCgxnZXRfbWVzc2FnZXMYCiABKAsyGi5vcnMudjEuR2V0TWVzc2FnZXNSZXF1ZXN0SAASLQoLc2NvcmVfZ3JvdXAYCyABKAsyFi5vcnMudjEuU2NvcmVHcm91cFN0ZXBIAEIGCgRzdGVwIk8KDFRvb2xDYWxsU3RlcBIMCgRuYW1lGAEgASgJEiAKBWlucHV0GAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZRIPCgd0YXNrX2lkGAMgASgJIqQDChJSdW5FcGlzb2RlUmVzcG9uc2USLwoGY3JlYXRlGAEgASgLMh0ub3JzLnYxLkNyZWF0ZUVwaXNvZGVSZXNwb25zZUgAEi8KCmdldF9wcm9tcHQYAiABKAsyGS5vcnMudjEuR2V0UHJvbXB0UmVzcG9uc2VIABI4Cg9saXN0X3Rhc2tfdG9vbHMYAyABKAsyHS5vcnMudjEuTGlzdFRhc2tUb29sc1Jlc3BvbnNlSAASLQoJY2FsbF90b29sGAQgASgLMhgub3JzLnYxLkNhbGxUb29sUmVzcG9uc2VIABIvCgZkZWxldGUYBiABKAsyHS5vcnMudjEuRGVsZXRlRXBpc29kZVJlc3BvbnNlSAASIgoFZXJyb3IYBSABKAsyES5vcnMudjEuU3RlcEVycm9ySAASMwoMZ2V0X21lc3NhZ2VzGAogASgLMhsub3JzLnYxLkdldE1lc3NhZ2VzUmVzcG9uc2VIABIxCgtzY29yZV9ncm91cBgLIAEoCzIaLm9ycy52MS5TY29yZUdyb3VwUmVzcG9uc2VIAEIGCgRzdGVwIk8KCVN0ZXBFcnJvchIMCgRjb2RlGAEgASgFEiMKBnJlYXNvbhgCIAEoDjITLm9ycy52MS5FcnJvclJlYXNvbhIPCgdtZXNzYWdlGAMgASgJIvQBChZQcmVwYXJlRXBpc29kZXNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEiUKCnRhc2tfc3BlY3MYAiADKAsyES5vcnMudjEuSnNvblZhbHVlEg0KBXNwbGl0GAMgASgJEg8KB2luZGljZXMYBCADKAMSPAoHc2VjcmV0cxgFIAMoCzIrLm9ycy52MS5QcmVwYXJlRXBpc29kZXNSZXF1ZXN0LlNlY3JldHNFbnRyeRITCgtzZXNzaW9uX2lkcxgGIAMoCRouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJBChdQcmVwYXJlRXBpc29kZXNSZXNwb25zZRIRCglwcmVwYXJpbmcYASABKAMSEwoLdHRsX3NlY29uZHMYAiABKAEi7QEKHUNhbmNlbFByZXBhcmVkRXBpc29kZXNSZXF1ZXN0EhAKCGVudl9uYW1lGAEgASgJEiUKCnRhc2tfc3BlY3MYAiADKAsyES5vcnMudjEuSnNvblZhbHVlEg0KBXNwbGl0GAMgASgJEg8KB2luZGljZXMYBCADKAMSQwoHc2VjcmV0cxgFIAMoCzIyLm9ycy52MS5DYW5jZWxQcmVwYXJlZEVwaXNvZGVzUmVxdWVzdC5TZWNyZXRzRW50cnkaLgoMU2VjcmV0c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiMwoeQ2FuY2VsUHJlcGFyZWRFcGlzb2Rlc1Jlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoAyIoChJHZXRNZXNzYWdlc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCSI4ChNHZXRNZXNzYWdlc1Jlc3BvbnNlEiEKCG1lc3NhZ2VzGAEgAygLMg8ub3JzLnYxLk1lc3NhZ2UifQoRU2NvcmVHcm91cFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIqCgpjYW5kaWRhdGVzGAIgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIjYKEFNjb3JlR3JvdXBSZXN1bHQSIgoGc2NvcmVzGAEgAygLMhIub3JzLnYxLkdyb3VwU2NvcmUiJAoRU2NvcmVHcm91cEZhaWx1cmUSDwoHbWVzc2FnZRgBIAEoCSKKAQoSU2NvcmVHcm91cFJlc3BvbnNlEhEKB3Rhc2tfaWQYASABKAlIABIqCgZyZXN1bHQYAiABKAsyGC5vcnMudjEuU2NvcmVHcm91cFJlc3VsdEgAEiwKB2ZhaWx1cmUYAyABKAsyGS5vcnMudjEuU2NvcmVHcm91cEZhaWx1cmVIAEIHCgVldmVudCJNCg5TY29yZUdyb3VwU3RlcBIqCgpjYW5kaWRhdGVzGAEgAygLMhYub3JzLnYxLkdyb3VwQ2FuZGlkYXRlEg8KB3Rhc2tfaWQYAiABKAkiFwoVR2V0U2VydmVyU3RhdHNSZXF1ZXN0ImAKFkdldFNlcnZlclN0YXRzUmVzcG9uc2USLgoMZW52aXJvbm1lbnRzGAEgAygLMhgub3JzLnYxLkVudmlyb25tZW50U3RhdHMSFgoOd2luZG93X3NlY29uZHMYAiABKAEiswIKEEVudmlyb25tZW50U3RhdHMSEAoIZW52X25hbWUYASABKAkSFQoNb3Blbl9zZXNzaW9ucxgCIAEoAxIZChFwcmVwYXJlZF9lcGlzb2RlcxgDIAEoAxIcChR0b29sX2NhbGxzX2luX2ZsaWdodBgEIAEoAxIdChV0b29sX2NhbGxzX3Blcl9zZWNvbmQYBSABKAESIAoTY2FsbF9sYXRlbmN5X3A1MF9tcxgGIAEoAUgAiAEBEiAKE2NhbGxfbGF0ZW5jeV9wOTlfbXMYByABKAFIAYgBARIqCg1yZWNlbnRfZXJyb3JzGAggAygLMhMub3JzLnYxLlNlcnZlckVycm9yQhYKFF9jYWxsX2xhdGVuY3lfcDUwX21zQhYKFF9jYWxsX2xhdGVuY3lfcDk5X21zIkQKC1NlcnZlckVycm9yEhQKDHRpbWVfdW5peF9tcxgBIAEoAxIOCgZzb3VyY2UYAiABKAkSDwoHbWVzc2FnZRgDIAEoCSIOCgxEcmFpblJlcXVlc3QiPAoNRHJhaW5SZXNwb25zZRIVCg1vcGVuX3Nlc3Npb25zGAEgASgDEhQKDHNlY29uZHNfbGVmdBgCIAEoASItChdHZXRFcGlzb2RlUmVjb3JkUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIkEKGEdldEVwaXNvZGVSZWNvcmRSZXNwb25zZRIlCgZyZWNvcmQYASABKAsyFS5vcnMudjEuRXBpc29kZVJlY29yZCLTAgoNRXBpc29kZVJlY29yZBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCGVudl9uYW1lGAIgASgJEh8KBHRhc2sYAyABKAsyES5vcnMudjEuSnNvblZhbHVlEhkKDHRvb2xzZXRfbmFtZRgEIAEoCUgAiAEBEhkKEWNyZWF0ZWRfYXRfdW5peF9zGAUgASgBEiUKBWNhbGxzGAYgAygLMhYub3JzLnYxLlRvb2xDYWxsUmVjb3JkEhUKDWNhbGxzX2Ryb3BwZWQYByABKAMSJQoGdG90YWxzGAggASgLMhUub3JzLnYxLkVwaXNvZGVUb3RhbHMSIQoFZW5kZWQYCSABKA4yEi5vcnMudjEuRXBpc29kZUVuZBIXCg9lbmRlZF9hdF91bml4X3MYCiABKAESEwoLc2V0dXBfZXJyb3IYCyABKAlCDwoNX3Rvb2xzZXRfbmFtZSKwAgoOVG9vbENhbGxSZWNvcmQSEQoJdG9vbF9uYW1lGAEgASgJEiAKBWlucHV0GAIgASgLMhEub3JzLnYxLkpzb25WYWx1ZRIVCg1pbnB1dF9vbWl0dGVkGAMgASgIEhMKC2lucHV0X2J5dGVzGAQgASgDEhMKBnJld2FyZBgFIAEoAUgAiAEBEhAKCGZpbmlzaGVkGAYgASgIEjIKDnJlZnVzYWxfcmVhc29uGAcgASgOMhoub3JzLnYxLlJ1blRvb2xFcnJvclJlYXNvbhINCgVlcnJvchgIIAEoCRIZChFzdGFydGVkX2F0X3VuaXhfcxgJIAEoARIXCg9lbmRlZF9hdF91bml4X3MYCiABKAESFAoMb3V0cHV0X2J5dGVzGAsgASgDQgkKB19yZXdhcmQibgoNRXBpc29kZVRvdGFscxINCgVjYWxscxgBIAEoAxISCgpyZXdhcmRfc3VtGAIgASgBEhgKC2xhc3RfcmV3YXJkGAMgASgBSACIAQESEAoIZmluaXNoZWQYBCABKAhCDgoMX2xhc3RfcmV3YXJkKnoKCkVwaXNvZGVFbmQSGwoXRVBJU09ERV9FTkRfVU5TUEVDSUZJRUQQABIXChNFUElTT0RFX0VORF9ERUxFVEVEEAESFgoSRVBJU09ERV9FTkRfUkVBUEVEEAISHgoaRVBJU09ERV9FTkRfU0VSVkVSX1NUT1BQRUQQAzKqDgoSRW52aXJvbm1lbnRTZXJ2aWNlEjcKBkhlYWx0aBIVLm9ycy52MS5IZWFsdGhSZXF1ZXN0GhYub3JzLnYxLkhlYWx0aFJlc3BvbnNlEjoKB1ZlcnNpb24SFi5vcnMudjEuVmVyc2lvblJlcXVlc3QaFy5vcnMudjEuVmVyc2lvblJlc3BvbnNlElUKEExpc3RFbnZpcm9ubWVudHMSHy5vcnMudjEuTGlzdEVudmlyb25tZW50c1JlcXVlc3QaIC5vcnMudjEuTGlzdEVudmlyb25tZW50c1Jlc3BvbnNlEkAKCUxpc3RUb29scxIYLm9ycy52MS5MaXN0VG9vbHNSZXF1ZXN0Ghkub3JzLnYxLkxpc3RUb29sc1Jlc3BvbnNlEkMKCkxpc3RTcGxpdHMSGS5vcnMudjEuTGlzdFNwbGl0c1JlcXVlc3QaGi5vcnMudjEuTGlzdFNwbGl0c1Jlc3BvbnNlEkAKCUxpc3RUYXNrcxIYLm9ycy52MS5MaXN0VGFza3NSZXF1ZXN0Ghkub3JzLnYxLkxpc3RUYXNrc1Jlc3BvbnNlEj0KCE51bVRhc2tzEhcub3JzLnYxLk51bVRhc2tzUmVxdWVzdBoYLm9ycy52MS5OdW1UYXNrc1Jlc3BvbnNlEjoKB0dldFRhc2sSFi5vcnMudjEuR2V0VGFza1JlcXVlc3QaFy5vcnMudjEuR2V0VGFza1Jlc3BvbnNlEkkKDEdldFRhc2tSYW5nZRIbLm9ycy52MS5HZXRUYXNrUmFuZ2VSZXF1ZXN0Ghwub3JzLnYxLkdldFRhc2tSYW5nZVJlc3BvbnNlElIKD0NyZWF0ZVNlc3Npb25JZBIeLm9ycy52MS5DcmVhdGVTZXNzaW9uSWRSZXF1ZXN0Gh8ub3JzLnYxLkNyZWF0ZVNlc3Npb25JZFJlc3BvbnNlEkwKDUNyZWF0ZUVwaXNvZGUSHC5vcnMudjEuQ3JlYXRlRXBpc29kZVJlcXVlc3QaHS5vcnMudjEuQ3JlYXRlRXBpc29kZVJlc3BvbnNlEkAKCUdldFByb21wdBIYLm9ycy52MS5HZXRQcm9tcHRSZXF1ZXN0Ghkub3JzLnYxLkdldFByb21wdFJlc3BvbnNlEkwKDUxpc3RUYXNrVG9vbHMSHC5vcnMudjEuTGlzdFRhc2tUb29sc1JlcXVlc3QaHS5vcnMudjEuTGlzdFRhc2tUb29sc1Jlc3BvbnNlEj8KCENhbGxUb29sEhcub3JzLnYxLkNhbGxUb29sUmVxdWVzdBoYLm9ycy52MS5DYWxsVG9vbFJlc3BvbnNlMAESMQoEUGluZxITLm9ycy52MS5QaW5nUmVxdWVzdBoULm9ycy52MS5QaW5nUmVzcG9uc2USTAoNRGVsZXRlRXBpc29kZRIcLm9ycy52MS5EZWxldGVFcGlzb2RlUmVxdWVzdBodLm9ycy52MS5EZWxldGVFcGlzb2RlUmVzcG9uc2USUgoPRGVsZXRlU2Vzc2lvbklkEh4ub3JzLnYxLkRlbGV0ZVNlc3Npb25JZFJlcXVlc3QaHy5vcnMudjEuRGVsZXRlU2Vzc2lvbklkUmVzcG9uc2USRwoKUnVuRXBpc29kZRIZLm9ycy52MS5SdW5FcGlzb2RlUmVxdWVzdBoaLm9ycy52MS5SdW5FcGlzb2RlUmVzcG9uc2UoATABEkYKC0dldE1lc3NhZ2VzEhoub3JzLnYxLkdldE1lc3NhZ2VzUmVxdWVzdBobLm9ycy52MS5HZXRNZXNzYWdlc1Jlc3BvbnNlEkUKClNjb3JlR3JvdXASGS5vcnMudjEuU2NvcmVHcm91cFJlcXVlc3QaGi5vcnMudjEuU2NvcmVHcm91cFJlc3BvbnNlMAESUgoPUHJlcGFyZUVwaXNvZGVzEh4ub3JzLnYxLlByZXBhcmVFcGlzb2Rlc1JlcXVlc3QaHy5vcnMudjEuUHJlcGFyZUVwaXNvZGVzUmVzcG9uc2USZwoWQ2FuY2VsUHJlcGFyZWRFcGlzb2RlcxIlLm9ycy52MS5DYW5jZWxQcmVwYXJlZEVwaXNvZGVzUmVxdWVzdBomLm9ycy52MS5DYW5jZWxQcmVwYXJlZEVwaXNvZGVzUmVzcG9uc2USTwoOR2V0U2VydmVyU3RhdHMSHS5vcnMudjEuR2V0U2VydmVyU3RhdHNSZXF1ZXN0Gh4ub3JzLnYxLkdldFNlcnZlclN0YXRzUmVzcG9uc2USNAoFRHJhaW4SFC5vcnMudjEuRHJhaW5SZXF1ZXN0GhUub3JzLnYxLkRyYWluUmVzcG9uc2USVQoQR2V0RXBpc29kZVJlY29yZBIfLm9ycy52MS5HZXRFcGlzb2RlUmVjb3JkUmVxdWVzdBogLm9ycy52MS5HZXRFcGlzb2RlUmVjb3JkUmVzcG9uc2VCxAEKHGlvLm9wZW5yZXdhcmRzdGFuZGFyZC5vcnMudjFCF0Vudmlyb25tZW50U2VydmljZVByb3RvUAFaLW9wZW5yZXdhcmRzdGFuZGFyZC5pby9vcnMvZ2VuL2dvL29ycy92MTtvcnN2MaICA09SU6oCGU9wZW5SZXdhcmRTdGFuZGFyZC5PcnMuVjHKAhlPcGVuUmV3YXJkU3RhbmRhcmRcT3JzXFYx6gIbT3BlblJld2FyZFN0YW5kYXJkOjpPcnM6OlYxYgZwcm90bzM", [file_ors_v1_errors, file_ors_v1_types]);
 
 /**
  * Request of Health.
@@ -1806,6 +1806,320 @@ export const DrainResponseSchema: GenMessage<DrainResponse> = /*@__PURE__*/
   messageDesc(file_ors_v1_environment_service, 56);
 
 /**
+ * Request of GetEpisodeRecord.
+ *
+ * @generated from message ors.v1.GetEpisodeRecordRequest
+ */
+export type GetEpisodeRecordRequest = Message<"ors.v1.GetEpisodeRecordRequest"> & {
+  /**
+   * The episode's session id.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+};
+
+/**
+ * Describes the message ors.v1.GetEpisodeRecordRequest.
+ * Use `create(GetEpisodeRecordRequestSchema)` to create a new message.
+ */
+export const GetEpisodeRecordRequestSchema: GenMessage<GetEpisodeRecordRequest> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 57);
+
+/**
+ * Answer of GetEpisodeRecord.
+ *
+ * @generated from message ors.v1.GetEpisodeRecordResponse
+ */
+export type GetEpisodeRecordResponse = Message<"ors.v1.GetEpisodeRecordResponse"> & {
+  /**
+   * The episode's record.
+   *
+   * @generated from field: ors.v1.EpisodeRecord record = 1;
+   */
+  record?: EpisodeRecord | undefined;
+};
+
+/**
+ * Describes the message ors.v1.GetEpisodeRecordResponse.
+ * Use `create(GetEpisodeRecordResponseSchema)` to create a new message.
+ */
+export const GetEpisodeRecordResponseSchema: GenMessage<GetEpisodeRecordResponse> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 58);
+
+/**
+ * What happened in one episode. JSON (HTTP `GET /{env}/episode`): the same
+ * fields in snake_case, times as numbers of seconds, `task` and `input` as
+ * JSON values, enums as the strings their comments give.
+ *
+ * @generated from message ors.v1.EpisodeRecord
+ */
+export type EpisodeRecord = Message<"ors.v1.EpisodeRecord"> & {
+  /**
+   * The episode's session id.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * The environment's name.
+   *
+   * @generated from field: string env_name = 2;
+   */
+  envName: string;
+
+  /**
+   * The task the episode was created with (JSON object).
+   *
+   * @generated from field: ors.v1.JsonValue task = 3;
+   */
+  task?: JsonValue | undefined;
+
+  /**
+   * The session toolset attached at creation, if one was.
+   *
+   * @generated from field: optional string toolset_name = 4;
+   */
+  toolsetName?: string | undefined;
+
+  /**
+   * Seconds since the Unix epoch when the episode was created.
+   *
+   * @generated from field: double created_at_unix_s = 5;
+   */
+  createdAtUnixS: number;
+
+  /**
+   * The tool calls, in the order they started (at most 1,000: the first).
+   *
+   * @generated from field: repeated ors.v1.ToolCallRecord calls = 6;
+   */
+  calls: ToolCallRecord[];
+
+  /**
+   * Calls left out of `calls` by the cap (the totals include them).
+   *
+   * @generated from field: int64 calls_dropped = 7;
+   */
+  callsDropped: bigint;
+
+  /**
+   * Totals over every call of the episode.
+   *
+   * @generated from field: ors.v1.EpisodeTotals totals = 8;
+   */
+  totals?: EpisodeTotals | undefined;
+
+  /**
+   * How the episode ended; UNSPECIFIED while it is live.
+   *
+   * @generated from field: ors.v1.EpisodeEnd ended = 9;
+   */
+  ended: EpisodeEnd;
+
+  /**
+   * Seconds since the Unix epoch when it ended; 0 while it is live.
+   *
+   * @generated from field: double ended_at_unix_s = 10;
+   */
+  endedAtUnixS: number;
+
+  /**
+   * Why the episode's setup failed (its secrets masked); empty otherwise.
+   *
+   * @generated from field: string setup_error = 11;
+   */
+  setupError: string;
+};
+
+/**
+ * Describes the message ors.v1.EpisodeRecord.
+ * Use `create(EpisodeRecordSchema)` to create a new message.
+ */
+export const EpisodeRecordSchema: GenMessage<EpisodeRecord> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 59);
+
+/**
+ * One tool call of an episode, as its record keeps it.
+ *
+ * @generated from message ors.v1.ToolCallRecord
+ */
+export type ToolCallRecord = Message<"ors.v1.ToolCallRecord"> & {
+  /**
+   * The tool's name, as the caller gave it.
+   *
+   * @generated from field: string tool_name = 1;
+   */
+  toolName: string;
+
+  /**
+   * The input (JSON object); unset when `input_omitted`.
+   *
+   * @generated from field: ors.v1.JsonValue input = 2;
+   */
+  input?: JsonValue | undefined;
+
+  /**
+   * True when the input was over 8 KiB of JSON and is not kept.
+   *
+   * @generated from field: bool input_omitted = 3;
+   */
+  inputOmitted: boolean;
+
+  /**
+   * The size of the input as JSON text, in bytes.
+   *
+   * @generated from field: int64 input_bytes = 4;
+   */
+  inputBytes: bigint;
+
+  /**
+   * The reward the tool returned; unset for none (JSON `null`), for a
+   * refusal, an error, or a call still running.
+   *
+   * @generated from field: optional double reward = 5;
+   */
+  reward?: number | undefined;
+
+  /**
+   * True when this call finished the episode.
+   *
+   * @generated from field: bool finished = 6;
+   */
+  finished: boolean;
+
+  /**
+   * Why the call was refused without running the tool (JSON as
+   * RunToolResult's `reason`); UNSPECIFIED when it ran or is running.
+   *
+   * @generated from field: ors.v1.RunToolErrorReason refusal_reason = 7;
+   */
+  refusalReason: RunToolErrorReason;
+
+  /**
+   * The refusal's text, or the message of what the tool raised (or of its
+   * timeout), secrets masked; empty when the tool returned.
+   *
+   * @generated from field: string error = 8;
+   */
+  error: string;
+
+  /**
+   * Seconds since the Unix epoch when the call started.
+   *
+   * @generated from field: double started_at_unix_s = 9;
+   */
+  startedAtUnixS: number;
+
+  /**
+   * Seconds since the Unix epoch when it ended; 0 while it runs.
+   *
+   * @generated from field: double ended_at_unix_s = 10;
+   */
+  endedAtUnixS: number;
+
+  /**
+   * The size of the call's result message (RunToolResult) in bytes; 0 while
+   * it runs or when the tool raised.
+   *
+   * @generated from field: int64 output_bytes = 11;
+   */
+  outputBytes: bigint;
+};
+
+/**
+ * Describes the message ors.v1.ToolCallRecord.
+ * Use `create(ToolCallRecordSchema)` to create a new message.
+ */
+export const ToolCallRecordSchema: GenMessage<ToolCallRecord> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 60);
+
+/**
+ * Totals over every tool call of an episode (also those past the cap).
+ *
+ * @generated from message ors.v1.EpisodeTotals
+ */
+export type EpisodeTotals = Message<"ors.v1.EpisodeTotals"> & {
+  /**
+   * How many tool calls started.
+   *
+   * @generated from field: int64 calls = 1;
+   */
+  calls: bigint;
+
+  /**
+   * The sum of the rewards the tools returned.
+   *
+   * @generated from field: double reward_sum = 2;
+   */
+  rewardSum: number;
+
+  /**
+   * The reward of the last call that returned one; unset for none.
+   *
+   * @generated from field: optional double last_reward = 3;
+   */
+  lastReward?: number | undefined;
+
+  /**
+   * True once a call finished the episode.
+   *
+   * @generated from field: bool finished = 4;
+   */
+  finished: boolean;
+};
+
+/**
+ * Describes the message ors.v1.EpisodeTotals.
+ * Use `create(EpisodeTotalsSchema)` to create a new message.
+ */
+export const EpisodeTotalsSchema: GenMessage<EpisodeTotals> = /*@__PURE__*/
+  messageDesc(file_ors_v1_environment_service, 61);
+
+/**
+ * How an episode ended.
+ *
+ * @generated from enum ors.v1.EpisodeEnd
+ */
+export enum EpisodeEnd {
+  /**
+   * It has not ended: the episode is live (JSON `null`).
+   *
+   * @generated from enum value: EPISODE_END_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A client deleted it (DeleteEpisode, DeleteSessionId, a RunEpisode
+   * `delete` step, HTTP `/delete`; JSON `"deleted"`).
+   *
+   * @generated from enum value: EPISODE_END_DELETED = 1;
+   */
+  DELETED = 1,
+
+  /**
+   * The server reaped it after its idle timeout (JSON `"reaped"`).
+   *
+   * @generated from enum value: EPISODE_END_REAPED = 2;
+   */
+  REAPED = 2,
+
+  /**
+   * The server stopped (JSON `"server_stopped"`).
+   *
+   * @generated from enum value: EPISODE_END_SERVER_STOPPED = 3;
+   */
+  SERVER_STOPPED = 3,
+}
+
+/**
+ * Describes the enum ors.v1.EpisodeEnd.
+ */
+export const EpisodeEndSchema: GenEnum<EpisodeEnd> = /*@__PURE__*/
+  enumDesc(file_ors_v1_environment_service, 0);
+
+/**
  * Hosts ORS environments and owns every episode session.
  *
  * Session-scoped RPCs (CreateEpisode, GetPrompt, ListTaskTools, CallTool,
@@ -2171,6 +2485,28 @@ export const EnvironmentService: GenService<{
     methodKind: "unary";
     input: typeof DrainRequestSchema;
     output: typeof DrainResponseSchema;
+  },
+  /**
+   * What happened in an episode, for whoever runs the trial (an extension of
+   * ORS; HTTP `GET /{env}/episode` with `X-Session-ID`): the task, every tool
+   * call in the order they started (name, input, reward, finished, refusal
+   * or error, start and end time, output size; never the output itself) and
+   * totals. Read-only, and answered for a live episode and for an ended one
+   * for as long as finished tool results linger (60 s by default) after it
+   * ended (the latest 10,000 ended episodes at most); NOT_FOUND
+   * (ERROR_REASON_SESSION_NOT_FOUND) otherwise. It needs no
+   * finished setup. It never carries secrets: they are not in it, and the
+   * episode's secret values are masked (`***`) wherever an input or an error
+   * text contains them. Bounded: at most 1,000 calls are kept (the first
+   * ones; `calls_dropped` counts the rest, which the totals still include),
+   * and an input over 8 KiB of JSON is left out (`input_omitted`).
+   *
+   * @generated from rpc ors.v1.EnvironmentService.GetEpisodeRecord
+   */
+  getEpisodeRecord: {
+    methodKind: "unary";
+    input: typeof GetEpisodeRecordRequestSchema;
+    output: typeof GetEpisodeRecordResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_ors_v1_environment_service, 0);

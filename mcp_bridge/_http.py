@@ -1,0 +1,190 @@
+"""The door's HTTP side: the MCP SDK's streamable-HTTP session manager as an
+ASGI app, served by uvicorn inside the process's event loop.
+
+Every request passes the gate before the SDK reads a byte of it: the API key
+(`x-api-key` or `Authorization: Bearer`) must be one the backend accepts
+(HTTP 401 otherwise) and the URL's environment one it serves (404), both
+asked of the backend (`ListEnvironments`, cached per key for a few seconds,
+as the HTTP door's default-environment redirect does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from typing import Any, Iterator, Optional
+
+import grpc
+import uvicorn
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
+from ors_grpc.protocol import door
+from ors_grpc.protocol.constants import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_SESSION_TIMEOUT_S
+
+from ._server import build_server
+
+__all__ = ["McpDoor", "start_mcp_door"]
+
+#: Seconds the backend's environment names (and so an accepted key) are cached.
+ENV_CACHE_TTL_S = 5.0
+#: Largest MCP request body (HTTP 413 above it): the SDK's 4 MiB, or the message limit if lower.
+#: An agent's tool arguments are far smaller; an orchestrator sends big inputs over gRPC or HTTP.
+MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
+#: Seconds open requests get to finish when the door stops.
+STOP_GRACE_S = 2.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class _Gate:
+    """The API key and the environment, checked before the SDK reads the request."""
+
+    def __init__(self, manager: StreamableHTTPSessionManager, env_names: door.EnvNames) -> None:
+        self._manager = manager
+        self._env_names = env_names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metadata = door.call_metadata(Headers(scope=scope))
+        try:
+            names = await self._env_names.get(metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return await _refuse(send, 401, "a valid API key is required (x-api-key or Authorization: Bearer)")
+            return await _refuse(send, 503, "ORS backend unavailable, retry shortly")
+        env = scope["path_params"]["env"]
+        if env.lower() not in names:
+            return await _refuse(send, 404, f"unknown environment {env!r}; this server hosts: {', '.join(names)}")
+        await self._manager.handle_request(scope, receive, send)
+
+
+async def _refuse(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside a running loop whose owner handles SIGINT/SIGTERM (`ors_grpc.serving`)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port (OSError when it cannot). Made as TCP
+    (`IPPROTO_TCP`) so that asyncio sets TCP_NODELAY on its connections."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def _security_settings(host: str) -> Optional[TransportSecuritySettings]:
+    """DNS-rebinding protection when bound to loopback only, as the SDK's own apps have it."""
+    if host not in _LOOPBACK:
+        return None
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
+                         "https://127.0.0.1:*", "https://localhost:*", "https://[::1]:*"],
+    )
+
+
+def _quiet_sdk_logs() -> None:
+    """The SDK and uvicorn log a line per MCP session at INFO (a trainer opens hundreds a
+    second): WARNING for them, unless their level was set on purpose."""
+    for name in ("mcp", "uvicorn"):
+        sdk_logger = logging.getLogger(name)
+        if sdk_logger.level == logging.NOTSET:
+            sdk_logger.setLevel(logging.WARNING)
+
+
+async def _serve(manager: StreamableHTTPSessionManager, server: _EmbeddedUvicorn, sock: socket.socket) -> None:
+    """The session manager's life around uvicorn's, in one task (anyio scopes end in the task that began them).
+    Leaving the manager ends the MCP sessions: the episodes that convenience URLs made are deleted."""
+    async with manager.run():
+        await server.serve(sockets=[sock])
+
+
+class McpDoor:
+    """A running MCP door; `await cleanup()` stops it (as an aiohttp runner)."""
+
+    def __init__(self, server: _EmbeddedUvicorn, serving: asyncio.Task[None], stack: contextlib.AsyncExitStack):
+        self._server = server
+        self._serving = serving
+        self._stack = stack
+
+    async def cleanup(self) -> None:
+        self._server.should_exit = True
+        try:
+            await self._serving
+        finally:
+            await self._stack.aclose()
+
+
+async def start_mcp_door(
+    backend_target: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    channel: Any = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    session_idle_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+    tls_root_cert: Optional[str] = None,
+    tls_server_name: Optional[str] = None,
+) -> tuple[McpDoor, int]:
+    """Serve MCP (streamable HTTP) on host:port (0: a free port) onto the gRPC
+    backend at `backend_target`, or over `channel` (the in-process channel of
+    `ors-grpc serve`); returns the door and its port. An MCP session idle for
+    `session_idle_timeout_s` is ended. With `tls_cert`/`tls_key` it serves
+    HTTPS; with `tls_root_cert` it reaches the backend over TLS."""
+    _quiet_sdk_logs()
+    sock = _listening_socket(host, port)
+    stack = contextlib.AsyncExitStack()
+    try:
+        if channel is None:
+            channel = door.open_channel(backend_target, max_message_bytes=max_message_bytes,
+                                        tls_root_cert=tls_root_cert, tls_server_name=tls_server_name)
+            stack.push_async_callback(channel.close)
+        stub = EnvironmentServiceStub(channel)
+        manager = StreamableHTTPSessionManager(
+            app=build_server(stub), security_settings=_security_settings(host),
+            max_request_body_size=min(MAX_BODY_BYTES, max_message_bytes), session_idle_timeout=session_idle_timeout_s,
+        )
+        gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S))
+        app = Starlette(routes=[Route("/{env}/mcp", gate), Route("/{env}/mcp/{session_id}", gate)])
+        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none",
+                                timeout_graceful_shutdown=STOP_GRACE_S, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
+        server = _EmbeddedUvicorn(config)
+        serving = asyncio.get_running_loop().create_task(_serve(manager, server, sock), name="ors-mcp-door")
+        while not server.started:
+            if serving.done():
+                serving.result()  # startup failed: its exception
+                raise RuntimeError("the MCP door stopped while starting")
+            await asyncio.sleep(0.005)
+    except BaseException:
+        sock.close()
+        await stack.aclose()
+        raise
+    return McpDoor(server, serving, stack), sock.getsockname()[1]

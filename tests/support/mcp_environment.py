@@ -1,0 +1,26 @@
+"""The environment the MCP door's tests serve: the test toolbox (`EchoEnv`:
+add, image, sleep, submit, ...) with a terminal tool and a conversation."""
+
+from __future__ import annotations
+
+from ors_grpc import Message, TextBlock, ToolOutput, terminal, tool
+from tests.support.environments import EchoEnv, SubmitInput
+
+#: The task the orchestrator creates in these tests.
+TASK = {"question": "What is 2+3?", "answer": "5"}
+
+
+class McpEnv(EchoEnv):
+    """EchoEnv with a terminal `answer` tool and messages: a system turn, then the question."""
+
+    def get_messages(self) -> list[Message]:
+        return [Message(role="system", blocks=[TextBlock(text="Answer with a number.")]),
+                Message(role="user", blocks=[TextBlock(text=str(self.task_spec.get("question")))])]
+
+    @terminal
+    @tool
+    def answer(self, params: SubmitInput) -> ToolOutput:
+        """Give the final answer; ends the episode."""
+        correct = params.answer.strip() == self.task_spec.get("answer")
+        return ToolOutput(blocks=[TextBlock(text="correct" if correct else "wrong")],
+                          reward=1.0 if correct else 0.0, finished=True)
