@@ -16,7 +16,6 @@ one call at a time, as under the reference).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
