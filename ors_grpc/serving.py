@@ -27,7 +27,6 @@ from typing import Any, Awaitable, Iterator, Sequence
 import grpc
 
 from http_bridge import HttpLimits, start_bridge
-from mcp_bridge import start_mcp_door
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
@@ -98,7 +97,7 @@ async def serve(
                 runners.append(runner)
             bound_mcp_port = None
             if mcp_port is not None:
-                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
+                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, _mcp_door_starter()(
                     _local_target(host, bound_port), host, mcp_port, channel=server.in_process_channel,
                     max_message_bytes=config.max_message_bytes, session_idle_timeout_s=config.session_timeout_s,
                     tls_cert=config.tls_cert, tls_key=config.tls_key,
@@ -192,7 +191,7 @@ async def bridge(
             ))
             runners.append(runner)
         if mcp_port is not None:
-            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
+            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, _mcp_door_starter()(
                 backend, host, mcp_port, max_message_bytes=options.max_message_bytes,
                 tls_cert=options.tls_cert, tls_key=options.tls_key,
                 tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
@@ -367,3 +366,12 @@ def _check_readable(option: str, path: str) -> None:
             pass
     except OSError as exc:
         raise StartupError(f"{option} {path}: {exc.strerror}") from None
+
+
+def _mcp_door_starter() -> Any:
+    """`mcp_bridge.start_mcp_door`, imported only when the MCP door is asked
+    for: the MCP SDK imports OpenTelemetry at import time, which a server
+    without the MCP door must not need."""
+    from mcp_bridge import start_mcp_door
+
+    return start_mcp_door
