@@ -424,12 +424,7 @@ def prepare_episodes_request(
     else for the `X-Session-ID` header's id (one episode, routed by it)."""
     session_ids = body.session_ids or ([header_session_id] if header_session_id else [])
     return service_pb2.PrepareEpisodesRequest(
-        env_name=env_name,
-        task_specs=[_json_value(spec, f"task_specs[{i}]") for i, spec in enumerate(body.task_specs or ())],
-        split=body.split or "",
-        indices=[_int64(index) for index in body.indices or ()],
-        secrets={**header_secrets, **(body.secrets or {})},
-        session_ids=session_ids,
+        env_name=env_name, session_ids=session_ids, **_prepared_tasks(body, header_secrets)
     )
 
 
@@ -437,13 +432,18 @@ def cancel_prepared_request(
     env_name: str, body: CancelPreparedBody, header_secrets: dict[str, str]
 ) -> service_pb2.CancelPreparedEpisodesRequest:
     """The CancelPreparedEpisodes request of a `/{env}/cancel_prepared` body; body secrets win over the header's."""
-    return service_pb2.CancelPreparedEpisodesRequest(
-        env_name=env_name,
-        task_specs=[_json_value(spec, f"task_specs[{i}]") for i, spec in enumerate(body.task_specs or ())],
-        split=body.split or "",
-        indices=[_int64(index) for index in body.indices or ()],
-        secrets={**header_secrets, **(body.secrets or {})},
-    )
+    return service_pb2.CancelPreparedEpisodesRequest(env_name=env_name, **_prepared_tasks(body, header_secrets))
+
+
+def _prepared_tasks(body: PrepareBody | CancelPreparedBody, header_secrets: dict[str, str]) -> dict[str, Any]:
+    """The fields that name prepared episodes' tasks and secrets, shared by
+    PrepareEpisodes and CancelPreparedEpisodes; body secrets win over the header's."""
+    return {
+        "task_specs": [_json_value(spec, f"task_specs[{i}]") for i, spec in enumerate(body.task_specs or ())],
+        "split": body.split or "",
+        "indices": [_int64(index) for index in body.indices or ()],
+        "secrets": {**header_secrets, **(body.secrets or {})},
+    }
 
 
 def _optional_json(value: Optional[dict[str, Any]], field: str) -> Optional[types_pb2.JsonValue]:
