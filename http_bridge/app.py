@@ -22,6 +22,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
+from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
@@ -34,7 +35,7 @@ __all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
 
 logger = logging.getLogger("http_bridge")
 
-DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 #: Seconds an unread request body is drained after the answer (so that the
 #: client reads a 413 rather than a reset connection).
 LINGER_S = 1.0
@@ -527,7 +528,7 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BYTES,
     max_message_bytes: int = DEFAULT_MAX_BYTES,
-    keepalive_interval_s: float = 9.0,
+    keepalive_interval_s: float = DEFAULT_KEEPALIVE_INTERVAL_S,
     env_cache_ttl_s: float = 5.0,
     tls_root_cert: Optional[str] = None,
     tls_server_name: Optional[str] = None,

@@ -21,15 +21,19 @@ import grpc
 import uvicorn
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
-from starlette.applications import Starlette
 from starlette.datastructures import Headers
-from starlette.routing import Route
+from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.protocol import door
-from ors_grpc.protocol.constants import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_SESSION_TIMEOUT_S
+from ors_grpc.protocol.constants import (
+    DEFAULT_KEEPALIVE_INTERVAL_S,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_SESSION_TIMEOUT_S,
+)
 
+from ._answers import JSON_WHEN_CHOSEN, serve_choosing_answers
 from ._server import build_server
 
 __all__ = ["McpDoor", "start_mcp_door"]
@@ -47,9 +51,10 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class _Gate:
     """The API key and the environment, checked before the SDK reads the request."""
 
-    def __init__(self, manager: StreamableHTTPSessionManager, env_names: door.EnvNames) -> None:
+    def __init__(self, manager: StreamableHTTPSessionManager, env_names: door.EnvNames, keepalive_s: float) -> None:
         self._manager = manager
         self._env_names = env_names
+        self._keepalive_s = keepalive_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         metadata = door.call_metadata(Headers(scope=scope))
@@ -62,7 +67,7 @@ class _Gate:
         env = scope["path_params"]["env"]
         if env.lower() not in names:
             return await _refuse(send, 404, f"unknown environment {env!r}; this server hosts: {', '.join(names)}")
-        await self._manager.handle_request(scope, receive, send)
+        await serve_choosing_answers(self._manager.handle_request, scope, receive, send, self._keepalive_s)
 
 
 async def _refuse(send: Send, status: int, detail: str) -> None:
@@ -149,6 +154,7 @@ async def start_mcp_door(
     channel: Any = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     session_idle_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S,
+    keepalive_interval_s: float = DEFAULT_KEEPALIVE_INTERVAL_S,
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
     tls_root_cert: Optional[str] = None,
@@ -157,7 +163,8 @@ async def start_mcp_door(
     """Serve MCP (streamable HTTP) on host:port (0: a free port) onto the gRPC
     backend at `backend_target`, or over `channel` (the in-process channel of
     `ors-grpc serve`); returns the door and its port. An MCP session idle for
-    `session_idle_timeout_s` is ended. With `tls_cert`/`tls_key` it serves
+    `session_idle_timeout_s` is ended; an answer that waits on a tool gets a
+    `: ping` every `keepalive_interval_s` (see `_answers`). With `tls_cert`/`tls_key` it serves
     HTTPS; with `tls_root_cert` it reaches the backend over TLS."""
     _quiet_sdk_logs()
     sock = _listening_socket(host, port)
@@ -169,12 +176,12 @@ async def start_mcp_door(
             stack.push_async_callback(channel.close)
         stub = EnvironmentServiceStub(channel)
         manager = StreamableHTTPSessionManager(
-            app=build_server(stub), security_settings=_security_settings(host),
+            app=build_server(stub), json_response=JSON_WHEN_CHOSEN, security_settings=_security_settings(host),
             max_request_body_size=min(MAX_BODY_BYTES, max_message_bytes), session_idle_timeout=session_idle_timeout_s,
         )
-        gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S))
-        app = Starlette(routes=[Route("/{env}/mcp", gate), Route("/{env}/mcp/{session_id}", gate)])
-        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none",
+        gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S), keepalive_interval_s)
+        app = Router(routes=[Route("/{env}/mcp", gate), Route("/{env}/mcp/{session_id}", gate)])
+        config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none", proxy_headers=False,
                                 timeout_graceful_shutdown=STOP_GRACE_S, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
         server = _EmbeddedUvicorn(config)
         serving = asyncio.get_running_loop().create_task(_serve(manager, server, sock), name="ors-mcp-door")

@@ -29,9 +29,11 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import types_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc._version import __version__
+from ors_grpc.observability import tracing
 from ors_grpc.protocol import door, json_text
 from ors_grpc.protocol.errors import http_status_for
 
+from . import _answers as answers
 from . import _convert as convert
 
 __all__ = ["PROGRESS_INTERVAL_S", "build_server"]
@@ -172,6 +174,7 @@ class _Door:
         request = _request_of(ctx)
         env, session_id = request.path_params["env"], request.path_params.get("session_id")
         connection = _connection_of(ctx)
+        answers.tell_session_id(request.scope, connection.session_id)  # before the slow part: see `_answers`
         if _EPISODE_STATE_KEY in connection.state:
             raise MCPError(code=types.INVALID_REQUEST, message="this MCP session is initialized already")
         if session_id is None:
@@ -306,6 +309,8 @@ def build_server(stub: EnvironmentServiceStub) -> Server[Any]:
         on_list_prompts=handlers.list_prompts, on_get_prompt=handlers.get_prompt,
     )
     handlers.server = server
+    if not tracing.enabled():  # the SDK's own OpenTelemetry middleware: spans only while ORS tracing is on
+        server.middleware.clear()
     server.middleware.append(handlers.initialize)
     server.add_request_handler("server/discover", types.RequestParams, handlers.discover)
     return server

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "API_KEY_METADATA_KEY",
     "DEFAULT_DRAIN_TIMEOUT_S",
+    "DEFAULT_KEEPALIVE_INTERVAL_S",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_RESULT_LINGER_S",
     "DEFAULT_SESSION_TIMEOUT_S",
@@ -46,6 +47,10 @@ DEFAULT_SESSION_TIMEOUT_S = 900.0
 #: Seconds a session call waits for the episode's setup before failing with
 #: ENVIRONMENT_STARTING (HTTP 503), to be retried; openreward's 25 s.
 DEFAULT_SETUP_WAIT_S = 25.0
+#: Seconds between keepalives (an SSE `: ping` comment) while an HTTP door's
+#: answer waits on a running tool: under the idle-read timeouts of common
+#: proxies (nginx's and Envoy's 60 s, cloud load balancers' 30 s and up).
+DEFAULT_KEEPALIVE_INTERVAL_S = 9.0
 #: Seconds a finished tool call stays attachable by task id.
 DEFAULT_RESULT_LINGER_S = 60.0
 #: Seconds an episode prepared ahead (PrepareEpisodes) is held unclaimed once

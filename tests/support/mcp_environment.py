@@ -3,6 +3,8 @@ add, image, sleep, submit, ...) with a terminal tool and a conversation."""
 
 from __future__ import annotations
 
+import asyncio
+
 from ors_grpc import Message, TextBlock, ToolOutput, terminal, tool
 from tests.support.environments import EchoEnv, SubmitInput
 
@@ -12,6 +14,10 @@ TASK = {"question": "What is 2+3?", "answer": "5"}
 
 class McpEnv(EchoEnv):
     """EchoEnv with a terminal `answer` tool and messages: a system turn, then the question."""
+
+    async def setup(self) -> None:
+        """As long as the task's `setup_seconds` (none by default): a slow setup, when a test needs one."""
+        await asyncio.sleep(float(self.task_spec.get("setup_seconds", 0)))
 
     def get_messages(self) -> list[Message]:
         return [Message(role="system", blocks=[TextBlock(text="Answer with a number.")]),
