@@ -92,7 +92,7 @@ class _Exchange:
         self._answer_started = False
         self._sse_committed = False
         self._answer_body: list[bytes] = []
-        self._sending = asyncio.Lock()
+        self._sending: Optional[asyncio.Lock] = None  # made with the keepalive task: the only other sender
         # A timer, not a task, until it is due: nearly every answer comes first.
         self._keepalive_due: Optional[asyncio.TimerHandle] = None
         self._keepalive: Optional[asyncio.Task[None]] = None
@@ -118,6 +118,7 @@ class _Exchange:
         self._keepalive_due = asyncio.get_running_loop().call_later(self._keepalive_s, self._keepalive_is_due)
 
     def _keepalive_is_due(self) -> None:
+        self._sending = asyncio.Lock()
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
 
     def _sse_headers(self) -> Optional[list[tuple[bytes, bytes]]]:
@@ -132,6 +133,7 @@ class _Exchange:
 
     async def _keep_alive(self) -> None:
         """`keepalive_s` passed without an answer: SSE headers, then a ping every `keepalive_s`."""
+        assert self._sending is not None
         async with self._sending:
             if self._answer_started:
                 return
@@ -153,20 +155,31 @@ class _Exchange:
             self._keepalive.cancel()
 
     async def send(self, message: Message) -> None:
+        if self._sending is None:  # no keepalive began: the SDK is the only sender
+            await self._pass_on(message)
+            return
         async with self._sending:
-            if not self._sse_committed:
-                if message["type"] == "http.response.start":
-                    self._answer_started = True
-                    self.stop_keepalive()
-                await self._send(message)
-                return
-            if message["type"] != "http.response.body":
-                return  # the SDK's status line and headers: SSE's went out already
-            self._answer_body.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                self.stop_keepalive()
-                await self._send({"type": "http.response.body", "body": _sse_event(b"".join(self._answer_body)),
-                                  "more_body": False})
+            if self._sse_committed:
+                await self._into_sse(message)
+            else:
+                await self._pass_on(message)
+
+    async def _pass_on(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._answer_started = True
+            self.stop_keepalive()
+        await self._send(message)
+
+    async def _into_sse(self, message: Message) -> None:
+        """The SDK's JSON answer as the SSE stream's one event; its status line and headers are dropped
+        (SSE's went out already)."""
+        if message["type"] != "http.response.body":
+            return
+        self._answer_body.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            self.stop_keepalive()
+            await self._send({"type": "http.response.body", "body": _sse_event(b"".join(self._answer_body)),
+                              "more_body": False})
 
 
 def _header(scope: Scope, name: bytes) -> Optional[bytes]:
