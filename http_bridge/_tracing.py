@@ -2,7 +2,7 @@
 the client's W3C `traceparent`, and that context sent on to the backend in the gRPC metadata.
 
 Both are installed only while tracing is on (`install(app)` adds the
-middleware, `propagating(channel)` wraps the channel); off, the bridge is unchanged.
+middleware, `tracing.propagating(channel)` wraps the channel); off, the bridge is unchanged.
 The context travels in the metadata for both channels alike: a network
 `grpc.aio` channel (`ors-grpc bridge`) and the in-process one
 (`serve --http-port`), which client interceptors cannot reach.
@@ -10,7 +10,7 @@ The context travels in the metadata for both channels alike: a network
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
@@ -18,7 +18,7 @@ from ors_grpc.observability import tracing
 
 from ._metrics import KNOWN_METHODS, FinalStatus, route_pattern
 
-__all__ = ["install", "propagating", "trace_requests"]
+__all__ = ["install", "trace_requests"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -27,11 +27,6 @@ def install(app: web.Application) -> None:
     """While tracing is on: the tracing middleware, outermost (it sees the final statuses)."""
     if tracing.enabled():
         app.middlewares.insert(0, trace_requests)
-
-
-def propagating(channel: Any) -> Any:
-    """`channel`, sending the current trace context with every call while tracing is on."""
-    return _PropagatingChannel(channel) if tracing.enabled() else channel
 
 
 @web.middleware
@@ -62,29 +57,3 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
             span.set_attribute("http.response.status_code", final.status)
             if final.status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
-
-
-class _PropagatingChannel:
-    """A channel whose calls carry the caller's trace context in their metadata."""
-
-    def __init__(self, channel: Any) -> None:
-        self._channel = channel
-
-    def unary_unary(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        return _with_trace_context(self._channel.unary_unary(*args, **kwargs))
-
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        return _with_trace_context(self._channel.unary_stream(*args, **kwargs))
-
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        return _with_trace_context(self._channel.stream_stream(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._channel, name)
-
-
-def _with_trace_context(multicallable: Callable[..., Any]) -> Callable[..., Any]:
-    def call(request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
-        return multicallable(request, *args, metadata=tracing.inject_context(tuple(metadata or ())), **kwargs)
-
-    return call

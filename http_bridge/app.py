@@ -21,6 +21,7 @@ from aiohttp import web
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
+from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
 from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
 
@@ -517,7 +518,7 @@ async def _backend_channel(app: web.Application) -> Any:
         tls_root_cert=config.tls_root_cert,
         tls_server_name=config.tls_server_name,
     )
-    app[STUB] = EnvironmentServiceStub(_tracing.propagating(channel))
+    app[STUB] = EnvironmentServiceStub(tracing.propagating(channel))
     app[ENV_NAMES] = EnvNames(app[STUB], config.env_cache_ttl_s)
     yield
     await channel.close()

@@ -26,6 +26,7 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
+from ors_grpc.observability import tracing
 from ors_grpc.protocol import door
 from ors_grpc.protocol.constants import (
     DEFAULT_KEEPALIVE_INTERVAL_S,
@@ -174,7 +175,7 @@ async def start_mcp_door(
             channel = door.open_channel(backend_target, max_message_bytes=max_message_bytes,
                                         tls_root_cert=tls_root_cert, tls_server_name=tls_server_name)
             stack.push_async_callback(channel.close)
-        stub = EnvironmentServiceStub(channel)
+        stub = EnvironmentServiceStub(tracing.propagating(channel))
         manager = StreamableHTTPSessionManager(
             app=build_server(stub), json_response=JSON_WHEN_CHOSEN, security_settings=_security_settings(host),
             max_request_body_size=min(MAX_BODY_BYTES, max_message_bytes), session_idle_timeout=session_idle_timeout_s,

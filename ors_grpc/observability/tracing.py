@@ -54,6 +54,7 @@ __all__ = [
     "enabled",
     "extract_context",
     "inject_context",
+    "propagating",
     "server_interceptors",
     "traced_setup",
     "traced_tool_call",
@@ -207,6 +208,38 @@ def inject_context(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, st
     carrier: dict[str, str] = {}
     inject(carrier)
     return (*metadata, *carrier.items())
+
+
+def propagating(channel: Any) -> Any:
+    """`channel`, sending the current trace context with every call while tracing is on (else
+    `channel` itself). A door's channel: the in-process one takes no client interceptors."""
+    return _PropagatingChannel(channel) if enabled() else channel
+
+
+class _PropagatingChannel:
+    """A channel whose calls carry the caller's trace context in their metadata."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.unary_unary(*args, **kwargs))
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.unary_stream(*args, **kwargs))
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        return _with_trace_context(self._channel.stream_stream(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+def _with_trace_context(multicallable: Callable[..., Any]) -> Callable[..., Any]:
+    def call(request: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return multicallable(request, *args, metadata=inject_context(tuple(metadata or ())), **kwargs)
+
+    return call
 
 
 def extract_context(metadata: Any) -> Any:
