@@ -359,15 +359,19 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                 raise message_too_large(what, size, self._max_message_bytes)
         return message
 
-    def _session_id(self, request: Any, context: grpc.aio.ServicerContext) -> str:
-        """The session a request names (see `_session_id`); a different
-        `x-session-id` metadata entry is refused unless it is the route key
-        of the RunEpisode stream that created the episode."""
+    def _session_id(self, request: Any, context: grpc.aio.ServicerContext, *, creating: bool = False) -> str:
+        """The session a request names (see `_session_id`). A different
+        `x-session-id` metadata entry is refused when it would misroute: on a
+        creation, and on an episode this server holds unless it is the route
+        key of the RunEpisode stream that created it. About an episode this
+        server does not hold, the request goes on to its own answer
+        (SESSION_NOT_FOUND, or a lingering record): a client whose stream's
+        backend died learns that its episode is gone, not that it misrouted."""
         sid = _session_id(request, context)
         routed = _metadata_session_id(context)
         if routed and routed != sid:
             session = self._sessions.find(sid)
-            if session is None or session.route_key != routed:
+            if creating or (session is not None and session.route_key != routed):
                 raise ORSError(errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH,
                                "the request's session_id and its x-session-id metadata name different sessions")
         return sid
@@ -467,7 +471,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
-        sid = self._session_id(request, context)
+        sid = self._session_id(request, context, creating=True)
         await self._create_episode(sid, request, api_key=_api_key(context))
         return pb.CreateEpisodeResponse(session_id=sid)
 

@@ -35,6 +35,7 @@ from http_bridge.app import create_app
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc._generated.ors.v1 import types_pb2 as pb_types
 from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
 from ors_grpc.protocol.errors import ERROR_DOMAIN
 from tests.support.reliability_environments import SECRET_NAME
@@ -498,6 +499,27 @@ def test_a_session_id_that_disagrees_with_the_x_session_id_metadata_is_invalid_a
         assert stub.Ping(pb.PingRequest(session_id="on-stream"), metadata=routed).status == "ok"
         stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id="on-stream"), metadata=routed, timeout=30)
         stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id="mine"), timeout=30)
+
+
+def test_an_episode_this_server_does_not_hold_is_not_found_whatever_routed_the_request(doors: Doors) -> None:
+    # As when a client's RunEpisode stream broke with its backend: its calls, routed by the
+    # stream's key, reach a backend that never held the episode.
+    routed = (("x-session-id", "a-dead-backends-stream-key"),)
+    with grpc.insecure_channel(doors.grpc_target) as channel:
+        stub = pb_grpc.EnvironmentServiceStub(channel)
+        for method, message in (("Ping", pb.PingRequest(session_id="held-elsewhere")),
+                                ("GetPrompt", pb.GetPromptRequest(session_id="held-elsewhere")),
+                                ("ListTaskTools", pb.ListTaskToolsRequest(session_id="held-elsewhere"))):
+            with pytest.raises(grpc.RpcError) as caught:
+                getattr(stub, method)(message, metadata=routed, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND, method
+            assert _rich_error(caught.value)[1].reason == "ERROR_REASON_SESSION_NOT_FOUND", method
+        call = pb.CallToolRequest(session_id="held-elsewhere", call=pb_types.ToolCall(name="echo"))
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.CallTool(call, metadata=routed, timeout=30))
+        assert _rich_error(caught.value)[1].reason == "ERROR_REASON_SESSION_NOT_FOUND"
+        # Deleting it is done already, as for any gone episode.
+        stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id="held-elsewhere"), metadata=routed, timeout=30)
 
 
 def test_every_error_comes_in_the_rich_error_model_too(doors: Doors) -> None:
