@@ -236,12 +236,7 @@ def test_otel_environment_traces_serve_and_bridge_processes() -> None:
         serve.stop()
         backend_spans = console_spans(drain(serve))
     http_span = next(span for span in bridge_spans if span["name"] == "POST /{env}/call")
-    rpc_span = next(span for span in backend_spans if span["name"] == CALL_TOOL)
-    tool_span = next(span for span in backend_spans if span["name"] == "execute_tool echo")
-    assert http_span["context"]["trace_id"] == rpc_span["context"]["trace_id"] == f"0x{trace_id}"
-    assert http_span["parent_id"] == "0x00f067aa0ba902b7"
-    assert rpc_span["parent_id"] == http_span["context"]["span_id"]
-    assert tool_span["parent_id"] == rpc_span["context"]["span_id"]
+    rpc_span = assert_one_call_trace(http_span, backend_spans, trace_id, "00f067aa0ba902b7")
     assert http_span["resource"]["attributes"]["service.name"] == "ors-bridge"
     assert rpc_span["resource"]["attributes"]["service.name"] == "ors-backend"
 
@@ -255,12 +250,20 @@ def test_otel_environment_traces_an_mcp_call_into_its_rpc_and_tool() -> None:
         serve.stop()
         spans = console_spans(drain(serve))
     mcp_span = next(span for span in spans if span["name"] == "tools/call echo")
-    rpc_span = next(span for span in spans if span["name"] == CALL_TOOL)
-    tool_span = next(span for span in spans if span["name"] == "execute_tool echo")
-    assert mcp_span["context"]["trace_id"] == rpc_span["context"]["trace_id"] == f"0x{trace_id}"
-    assert mcp_span["parent_id"] == "0x00f067aa0ba902b8"
-    assert rpc_span["parent_id"] == mcp_span["context"]["span_id"]
+    assert_one_call_trace(mcp_span, spans, trace_id, "00f067aa0ba902b8")
+
+
+def assert_one_call_trace(door_span: dict[str, Any], backend_spans: list[dict[str, Any]], trace_id: str,
+                          parent_id: str) -> dict[str, Any]:
+    """The door's span continues the client's `parent_id` in `trace_id`, the CallTool RPC's span is its
+    child and the tool call's is the RPC's (console exporter spans); returns the RPC's span."""
+    rpc_span = next(span for span in backend_spans if span["name"] == CALL_TOOL)
+    tool_span = next(span for span in backend_spans if span["name"] == "execute_tool echo")
+    assert door_span["context"]["trace_id"] == rpc_span["context"]["trace_id"] == f"0x{trace_id}"
+    assert door_span["parent_id"] == f"0x{parent_id}"
+    assert rpc_span["parent_id"] == door_span["context"]["span_id"]
     assert tool_span["parent_id"] == rpc_span["context"]["span_id"]
+    return rpc_span
 
 
 async def _one_mcp_call(url: str, traceparent: str) -> None:
