@@ -26,11 +26,12 @@ _installing = threading.Lock()
 
 
 def ensure_node_packages(folder: Path) -> None:
-    """`npm ci` in `folder` unless its node_modules exists; skip the test if node or npm is missing."""
+    """`npm ci` in `folder` unless its node_modules is installed from its current
+    package-lock.json; skip the test if node or npm is missing."""
     if shutil.which("node") is None:
         pytest.skip("node is not installed")
     with _installing:
-        if (folder / "node_modules").is_dir():
+        if _node_modules_current(folder):
             return
         npm = shutil.which("npm")
         if npm is None:
@@ -41,6 +42,14 @@ def ensure_node_packages(folder: Path) -> None:
         )
         if result.returncode != 0:
             pytest.fail(f"`npm ci` in {folder} failed:\n{result.stdout}{result.stderr}")
+
+
+def _node_modules_current(folder: Path) -> bool:
+    """Whether node_modules was installed after package-lock.json last changed (npm writes
+    `node_modules/.package-lock.json` on every install): a checkout that pulled new
+    packages installs them."""
+    installed = folder / "node_modules" / ".package-lock.json"
+    return installed.is_file() and installed.stat().st_mtime >= (folder / "package-lock.json").stat().st_mtime
 
 
 def make_self_signed_certificate(folder: Path) -> tuple[Path, Path]:
