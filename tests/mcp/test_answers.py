@@ -4,6 +4,7 @@ slow (SSE with `: ping` keepalives until the answer comes)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.parse
 from typing import Any, AsyncIterator
@@ -112,6 +113,21 @@ async def test_a_call_that_asks_for_progress_is_answered_on_sse(server, stub):
 
     assert added.content_type == "text/event-stream"
     assert added.session_id == session_id and added.result["content"][0]["text"] == "5"
+
+
+async def test_answers_are_chosen_per_request_within_one_mcp_session(server, stub):
+    url = episode_url(server, await create_episode(stub))
+    _, session_id = await _open(url)
+    watched = asyncio.ensure_future(_post(url, _call(1, "sleep", {"seconds": 2.5}, progress_token="p-2"), session_id))
+    quick = await asyncio.gather(*(_post(url, _call(n, "add", {"a": n, "b": 1}), session_id) for n in (2, 3, 4)))
+    slept = await watched
+    await _close(url, session_id)
+
+    assert [(answer.content_type, answer.result["content"][0]["text"]) for answer in quick] == [
+        ("application/json", "3"), ("application/json", "4"), ("application/json", "5")]
+    assert slept.content_type == "text/event-stream" and slept.result["content"][0]["text"] == "slept"
+    progress = [message for message in slept.messages if message.get("method") == "notifications/progress"]
+    assert progress and progress[0]["params"]["progressToken"] == "p-2"
 
 
 async def test_a_progress_token_split_across_body_chunks_still_asks_for_sse(server, stub):
