@@ -47,14 +47,14 @@ def run_tool_output(body: bytes) -> dict:
     return result["output"]
 
 
-class HttpDoor:
-    """An ORS HTTP server at ``base_url``, driven through one pooled aiohttp session."""
+class PooledHttp:
+    """A server at ``base_url``, driven through one pooled aiohttp session (``self.http``)."""
 
     def __init__(self, base_url: str):
         self.base_url = base_url
         self.http: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "HttpDoor":
+    async def __aenter__(self):
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
         timeout = aiohttp.ClientTimeout(total=300)
         self.http = aiohttp.ClientSession(self.base_url, connector=connector, timeout=timeout)
@@ -63,6 +63,10 @@ class HttpDoor:
     async def __aexit__(self, *exc) -> None:
         assert self.http is not None
         await self.http.close()
+
+
+class HttpDoor(PooledHttp):
+    """An ORS HTTP server at ``base_url``, driven through one pooled aiohttp session."""
 
     async def _post(self, path: str, sid: str | None, body: dict | None = None, accept_sse: bool = False) -> bytes:
         headers = dict(SSE_ACCEPT) if accept_sse else {}

@@ -13,9 +13,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-import aiohttp
-
-from bench.http_door import ENV, parse_sse
+from bench.http_door import ENV, PooledHttp, parse_sse
 
 REVISION = "2025-11-25"
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -32,22 +30,8 @@ def json_rpc_answer(body: bytes, content_type: str) -> dict:
     return json.loads(body)
 
 
-class McpDoor:
+class McpDoor(PooledHttp):
     """The MCP door at ``base_url``, driven through one pooled aiohttp session."""
-
-    def __init__(self, base_url: str):
-        self.base_url = base_url
-        self.http: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> "McpDoor":
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
-        self.http = aiohttp.ClientSession(self.base_url, connector=connector,
-                                          timeout=aiohttp.ClientTimeout(total=300))
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        assert self.http is not None
-        await self.http.close()
 
     async def _post(self, url: str, message: dict, headers: dict) -> tuple[dict | None, dict]:
         async with self.http.post(url, data=json.dumps(message), headers={**ACCEPT, **headers}) as resp:

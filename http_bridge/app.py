@@ -22,8 +22,8 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.observability import tracing
-from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
 from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
+from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after

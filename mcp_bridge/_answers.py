@@ -22,8 +22,8 @@ reads per request, in the request's task, after reading the body: a context
 variable set by the body watcher below, naming that task. In any other task,
 the MCP session's own among them (where the SDK routes notifications), the
 flag reads False, SSE mode's routing, which a JSON-answered request never
-needs: it has no progress token, so its handler notifies nothing. The SDK's range is pinned (`mcp>=2.3,<2.4`) and the tests
-pin both answers.
+needs: it has no progress token, so its handler notifies nothing. The SDK's
+range is pinned (`mcp>=2.3,<2.4`) and the tests pin both answers.
 """
 
 from __future__ import annotations

@@ -165,8 +165,9 @@ async def start_mcp_door(
     backend at `backend_target`, or over `channel` (the in-process channel of
     `ors-grpc serve`); returns the door and its port. An MCP session idle for
     `session_idle_timeout_s` is ended; an answer that waits on a tool gets a
-    `: ping` every `keepalive_interval_s` (see `_answers`). With `tls_cert`/`tls_key` it serves
-    HTTPS; with `tls_root_cert` it reaches the backend over TLS."""
+    `: ping` every `keepalive_interval_s` (see `_answers`). With
+    `tls_cert`/`tls_key` it serves HTTPS; with `tls_root_cert` it reaches the
+    backend over TLS."""
     _quiet_sdk_logs()
     sock = _listening_socket(host, port)
     stack = contextlib.AsyncExitStack()
