@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -51,8 +52,10 @@ class Browser:
         self.driver.get(self.origin + path)
 
     def wait(self, condition: Callable[[webdriver.Chrome], T], what: str) -> T:
-        """Poll `condition` until it is truthy; fail naming `what`."""
-        return WebDriverWait(self.driver, WAIT_S).until(lambda driver: condition(driver), message=what)
+        """Poll `condition` until it is truthy; fail naming `what`. A poll that read an element
+        the page replaced meanwhile (the live view redraws its rows every few seconds) polls again."""
+        return WebDriverWait(self.driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda driver: condition(driver), message=what)
 
     def find(self, css: str) -> WebElement:
         return self.driver.find_element(By.CSS_SELECTOR, css)
