@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from dataclasses import dataclass
@@ -50,13 +51,17 @@ _UNKNOWN_TASK_ID = "ERROR_REASON_UNKNOWN_TASK_ID"
 #: maybe-created episode is deleted first, and the next try has a new id.
 _CREATE_RETRIES = 4
 _CREATE_RETRY_DELAY_S = 0.05
-#: A creation refused by a draining server (nothing was created) is tried
-#: again this many more times under a new session id, backing off: behind a
-#: load balancer another backend takes it.
+#: A creation refused by a draining server (nothing was created) is made
+#: again under a new session id, backing off, for up to DRAINING_PATIENCE_S.
+#: Behind a load balancer hashing `x-session-id` every new id is a new draw
+#: of the backends, so a count of tries would lose one creation in 2**tries
+#: while one of two backends drains; some 30 draws in 30 s make that
+#: negligible, and a lone server being replaced is waited for.
 _DRAINING = "ERROR_REASON_DRAINING"
-_DRAINING_RETRIES = 8
 _DRAINING_BASE_DELAY_S = 0.05
 _DRAINING_MAX_DELAY_S = 1.0
+#: How long a creation keeps being made again while it reaches draining servers.
+DRAINING_PATIENCE_S = 30.0
 #: The session is gone server-side: pinging it again is pointless.
 _SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
 #: A call waited the server's bound for setup; nothing ran, so it is asked again.
@@ -457,15 +462,17 @@ class AsyncSession:
 async def _while_draining(create: Callable[[], Awaitable[None]]) -> None:
     """`create()`, again (each time under a new session id, which a load
     balancer hashing `x-session-id` sends elsewhere) while the server it
-    reached is draining: nothing was created. Up to _DRAINING_RETRIES more
-    times, backing off."""
-    for retry in range(_DRAINING_RETRIES + 1):
+    reached is draining: nothing was created. Backing off, for up to
+    DRAINING_PATIENCE_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DRAINING_PATIENCE_S
+    for retry in itertools.count():
+        delay = min(_DRAINING_BASE_DELAY_S * 2**retry, _DRAINING_MAX_DELAY_S)
         try:
             return await create()
         except ORSServerError as error:
-            if error.reason != _DRAINING or retry == _DRAINING_RETRIES:
+            if error.reason != _DRAINING or loop.time() + delay > deadline:
                 raise
-        delay = min(_DRAINING_BASE_DELAY_S * 2**retry, _DRAINING_MAX_DELAY_S)
         logger.info("the server is draining; creating the episode again in %gs under a new session id", delay)
         await asyncio.sleep(delay)
 

@@ -11,6 +11,7 @@ last one ends, or at its drain timeout, or at a second signal.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 import sys
@@ -19,11 +20,13 @@ from typing import Awaitable, Callable
 
 import aiohttp
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
+from ors_grpc.client import AsyncORSClient, ORSServerError, session
 from ors_grpc.server import ServerConfig, create_server, in_process_channel
 from tests.support import bridge_http
 from tests.support.environments import EchoEnv
@@ -190,5 +193,31 @@ async def test_the_drain_rpc_is_refused_to_a_peer_off_this_host():
             answer = await pb_grpc.EnvironmentServiceStub(channel).Drain(pb.DrainRequest())
             assert answer.open_sessions == 0 and 0 < answer.seconds_left <= 300
             assert await health_statuses(channel) == {health_pb2.HealthCheckResponse.NOT_SERVING}
+    finally:
+        await server.stop(None)
+
+
+
+async def test_a_creation_a_draining_server_refused_is_made_again_until_the_clients_patience_ends(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+):
+    # Patience, not a count of tries: behind a proxy each try is a new draw of
+    # the backends. 7 s hold the waits of 50 ms doubling to 1 s nine times over
+    # (4.55 s) with room: more than the 8 tries again a count allowed.
+    monkeypatch.setattr(session, "DRAINING_PATIENCE_S", 7.0)
+    caplog.set_level(logging.INFO, logger="ors_grpc.client")
+    server, port = await create_server([EchoEnv], "127.0.0.1:0", config=ServerConfig())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            await create_episode(stub)  # holds the drain open
+            await stub.Drain(pb.DrainRequest())
+        async with AsyncORSClient(f"127.0.0.1:{port}") as client:
+            with pytest.raises(ORSServerError) as refused:
+                async with client.environment("echoenv").session(split="train", index=0):
+                    pass
+        assert refused.value.reason == "ERROR_REASON_DRAINING"
+        tries_again = [record for record in caplog.records if "draining" in record.getMessage()]
+        assert len(tries_again) >= 9
     finally:
         await server.stop(None)

@@ -7,6 +7,7 @@ export type { ORSClientOptions, TlsOptions } from "./connection.js";
 export { Episode, ORSEpisode } from "./episode.js";
 export type { EpisodeRecord, ToolCallRecord } from "./episode_record.js";
 export { EpisodeStream, StreamEpisode } from "./episode_stream.js";
+export { DRAINING_PATIENCE_MS } from "./draining.js";
 export { ORSError, ScoreGroupFailedError, ToolCallError, ToolError, ToolFailedError, ERROR_REASON_METADATA_KEY } from "./errors.js";
 export { ErrorReason } from "./gen/ors/v1/errors_pb.js";
 export { textMessage } from "./messages.js";
