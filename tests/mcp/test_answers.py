@@ -18,7 +18,7 @@ from tests.support.mcp_door import ENV, create_episode, episode_url, open_sessio
 from tests.support.servers import ServeProcess
 
 #: The keepalive interval of the door these tests start (the default is 9 s).
-KEEPALIVE_S = 0.2
+KEEPALIVE_S = 0.5  # long enough that a quick call on a busy machine stays JSON
 HANDSHAKE = "2025-11-25"
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
