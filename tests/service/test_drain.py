@@ -197,7 +197,6 @@ async def test_the_drain_rpc_is_refused_to_a_peer_off_this_host():
         await server.stop(None)
 
 
-
 async def test_a_creation_a_draining_server_refused_is_made_again_until_the_clients_patience_ends(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ):
