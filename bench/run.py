@@ -19,12 +19,15 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench.servers import ServerProcess, ours_server, reference_server, run_load
 from bench.stats import fmt_ms
 
 DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads")
 OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw", "mcp")
+#: The doors ``--against`` compares by default: the HTTP bridge and the gRPC door through our client.
+AGAINST_DOORS = ("bridge", "grpc")
 #: Door name suffixes that pin where the environment's sync code runs, and
 #: the value of ORS_BENCH_SYNC_CODE (read by bench/env.py) that pins it.
 SYNC_CODE_SUFFIXES = {"-threads": "threads", "-on-loop": "loop"}
@@ -51,8 +54,14 @@ class MemoryResult:
     skipped: str | None = None
 
 
-def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[str]]:
-    """A not yet started server for ``door`` and the ports it must print."""
+def server_for(door: str, args: argparse.Namespace, tree: Path | None = None) -> tuple[ServerProcess, set[str]]:
+    """A not yet started server for ``door`` and the ports it must print; ``tree``: another
+    checkout whose code serves it (``--against``), else this one."""
+    if tree is not None:
+        server, ports = server_for(door, args)
+        server.cwd = tree
+        server.extra_env["PYTHONPATH"] = str(tree)
+        return server, ports
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
     if door == "mcp":
@@ -84,10 +93,10 @@ def start_or_skip(server: ServerProcess, ports: set[str]) -> str | None:
     return None
 
 
-def measure_door(door: str, args: argparse.Namespace, with_image: bool) -> DoorResult:
-    """Closed-loop episodes, then (`with_image`) the large image, on one fresh server."""
+def measure_door(door: str, args: argparse.Namespace, with_image: bool, tree: Path | None = None) -> DoorResult:
+    """Closed-loop episodes, then (`with_image`) the large image, on one fresh server (of `tree`'s code)."""
     result = DoorResult(door)
-    server, ports = server_for(door, args)
+    server, ports = server_for(door, args, tree)
     server.extra_env["ORS_BENCH_IMAGE_BYTES"] = str(int(args.image_mib * MIB))
     result.skipped = start_or_skip(server, ports)
     if result.skipped:
@@ -244,7 +253,7 @@ def uvicorn_impls() -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--doors", default=",".join(DOORS),
+    parser.add_argument("--doors", default=None,
                         help="comma-separated, from: " + ", ".join(DOORS + OPTIONAL_DOORS))
     parser.add_argument("--door", choices=OPTIONAL_DOORS + DOORS[1:], default=None,
                         help="measure this door next to the HTTP bridge only (e.g. mcp: MCP episodes/s beside "
@@ -260,6 +269,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="idle session counts for the memory figures, empty to skip (1000,10000)")
     parser.add_argument("--quiet-reference", action="store_true",
                         help="run the reference with ORS_LOG_LEVEL=WARNING instead of its INFO default")
+    parser.add_argument("--against", metavar="REV",
+                        help="instead: this checkout's server against commit REV's (checked out into a temporary"
+                             " git worktree), interleaved rounds of the bridge and gRPC doors (--doors, where"
+                             " reference is also allowed), and the ratios (bench/against.py)")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     parser.add_argument("--scaleout", action="store_true",
                         help="instead: the same workload against 1 and 2 backends behind nginx (bench/scaleout.py)")
@@ -279,6 +292,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.door is not None:  # one door next to the HTTP bridge, closed loop and image only
         args.doors, args.sessions = f"bridge,{args.door}", ""
+    if args.doors is None:
+        args.doors = ",".join(AGAINST_DOORS if args.against else DOORS)
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
     if unknown:
@@ -292,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.setup_seconds is not None:
         from bench.warm import run
+        return run(args)
+    if args.against:
+        from bench.against import run
         return run(args)
     print_header(args)
     if args.scaleout:

@@ -53,3 +53,22 @@ def test_bench_door_mcp_runs_the_mcp_door_next_to_the_bridge_briefly():
     rows = [line.split()[0] for line in report.split("## Closed loop")[1].splitlines()[2:4]]
     assert rows == ["bridge", "mcp"], report
     assert "## Resident memory" not in report, report
+
+
+def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_checkout():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--against", "HEAD", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+         "--rounds", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = done.stdout
+    assert "skipped" not in report and "first error" not in report, report
+    rows = [line.split()[:2] for line in report.split("## Closed loop")[1].splitlines()[2:6]]
+    assert rows == [["bridge", "HEAD"], ["bridge", "this"], ["grpc", "HEAD"], ["grpc", "this"]], report
+    ratios = report.split("episodes/s of this over HEAD")[1].splitlines()[1:3]
+    assert [line.split()[0] for line in ratios] == ["bridge", "grpc"], report
+    checkout = report.split("(checked out in ")[1].split(")")[0]
+    assert not Path(checkout).exists(), report
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert checkout not in worktrees, worktrees
