@@ -64,16 +64,17 @@ def check_imports_from(tree: Path) -> None:
 
 def describe(rev: str, cwd: Path = REPO_ROOT) -> str:
     """Short hash and subject of `rev` (HEAD, with '+ changes' when the work tree is dirty)."""
-    line = git("log", "-1", "--format=%h %s", rev, cwd=cwd)
+    line = git("log", "-1", "--format=%h %s", rev, cwd=cwd)[:80]
     if rev == "HEAD" and git("status", "--porcelain", "--untracked-files=no", cwd=cwd):
         line += " (+ uncommitted changes)"
-    return line[:100]
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
     sides = (args.against, THIS)
     with checkout(args.against) as tree:
-        check_imports_from(tree)
+        for code in (tree, REPO_ROOT):  # this checkout's too: its own code, whatever the venv installed
+            check_imports_from(code)
         print(f"# ors-grpc benchmark: this checkout against {args.against}")
         print(f"{args.against}: {describe('HEAD', tree)} (checked out in {tree})")
         print(f"{THIS}: {describe('HEAD')}")
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 for side in order:
                     measured[door, side] = measure_door(door, args, with_image=False,
-                                                        tree=tree if side == args.against else None)
+                                                        tree=tree if side == args.against else REPO_ROOT)
             rounds.append(measured)
     print_against(rounds, args)
     return 0
