@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.run import DoorResult, episodes_per_second, measure_door, median_round
+from bench.doors import DoorResult, episodes_per_second, measure_door, median_round
 from bench.servers import REPO_ROOT
 from bench.stats import fmt_ms
 
