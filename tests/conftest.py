@@ -3,13 +3,13 @@ ORS_TESTS_NO_SKIP policy. Helpers live in `tests.support`."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any, AsyncIterator
 
 import pytest
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from tests.support.extras import MCP_EXTRA_INSTALLED
 from tests.support.grpc_calls import serving
 from tests.support.tooling import NO_SKIP_ENV
 
@@ -17,7 +17,6 @@ from tests.support.tooling import NO_SKIP_ENV
 #: environment cannot hold beside openreward (pyproject.toml says why). Where it is
 #: missing they run in a virtualenv that has it (tests/environments/test_mcp_door_tests.py);
 #: where it is installed, here.
-MCP_EXTRA_INSTALLED = importlib.util.find_spec("mcp") is not None
 collect_ignore = ["environments/test_mcp_door_tests.py"] if MCP_EXTRA_INSTALLED else ["mcp"]
 
 
