@@ -25,6 +25,10 @@ _READY.set()
 class Session:
     """One episode: its host, its tool calls, its record."""
 
+    # Slots: an idle episode's memory counts (thousands per server); tracing refers to it weakly.
+    __slots__ = ("sid", "host", "calls", "redact", "constructed", "ready", "record", "setup_task", "last_active",
+                 "route_key", "__weakref__")
+
     def __init__(
         self, sid: str, host: EpisodeHost, *, calls: SessionToolCalls, redact: Any, record: EpisodeRecorder,
     ) -> None:
