@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=_port, metavar="PORT", default=None,
                        help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
     serve.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
+                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
     serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
     serve.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
@@ -240,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     bridge.add_argument("--http-port", type=_port, metavar="PORT", default=None,
                         help="HTTP port (0: any free port; none when only --mcp-port is given) (default: 8080)")
     bridge.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
+                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
     bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
                         metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")

@@ -39,6 +39,8 @@ from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAG
 
 __all__ = ["BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments", "drain", "serve"]
 
+#: How to install the MCP door's SDK, which is an extra (pyproject.toml says why).
+MCP_EXTRA_INSTALL = "pip install 'ors-grpc[mcp]'"
 #: Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
 
@@ -79,6 +81,7 @@ async def serve(
     certificate and key."""
     names = check_environments(environments)
     ssl_context = https_context(config.tls_cert, config.tls_key)
+    start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     await _bind("gRPC", host, port, _probe_port(host, port))
     server, bound_port = await _bind(
         "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
@@ -98,7 +101,7 @@ async def serve(
                 runners.append(runner)
             bound_mcp_port = None
             if mcp_port is not None:
-                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, _mcp_door_starter()(
+                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
                     _local_target(host, bound_port), host, mcp_port, channel=server.in_process_channel,
                     max_message_bytes=config.max_message_bytes, session_idle_timeout_s=config.session_timeout_s,
                     tls_cert=config.tls_cert, tls_key=config.tls_key,
@@ -182,6 +185,7 @@ async def bridge(
     ssl_context = https_context(options.tls_cert, options.tls_key)
     if options.backend_tls_root_cert:
         _check_readable("--backend-tls-root-cert", options.backend_tls_root_cert)
+    start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     runners: list[Any] = []
     try:
         bound_http_port = bound_mcp_port = None
@@ -193,7 +197,7 @@ async def bridge(
             ))
             runners.append(runner)
         if mcp_port is not None:
-            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, _mcp_door_starter()(
+            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
                 backend, host, mcp_port, max_message_bytes=options.max_message_bytes,
                 tls_cert=options.tls_cert, tls_key=options.tls_key,
                 tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
@@ -382,8 +386,16 @@ def _check_readable(option: str, path: str) -> None:
 
 def _mcp_door_starter() -> Any:
     """`mcp_bridge.start_mcp_door`, imported only when the MCP door is asked
-    for: the MCP SDK imports OpenTelemetry at import time, which a server
-    without the MCP door must not need."""
-    from mcp_bridge import start_mcp_door
-
+    for: its SDK is the `mcp` extra (pyproject.toml says why), and it imports
+    OpenTelemetry at import time, which a server without the MCP door must
+    not need. A StartupError naming the install command when it is missing."""
+    try:
+        from mcp_bridge import start_mcp_door
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "mcp_bridge":
+            raise
+        raise StartupError(
+            f"the MCP door (--mcp-port) needs the mcp extra, which is not installed (no module {exc.name!r}):"
+            f" {MCP_EXTRA_INSTALL}"
+        ) from None
     return start_mcp_door

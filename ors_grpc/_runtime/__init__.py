@@ -7,6 +7,9 @@
 - `tool_calls`, `exclusive_gate`: tool calls as tasks, and the gate of
   exclusive and terminal tools;
 - `warm_pool`: episodes prepared ahead;
-- `user_code`: where environment code runs (loop or worker thread);
+- `environment_host`: the one seam to environments' code (an episode's
+  host with its lifecycle state, a class's catalog host, their factory);
+- `local_hosts`: its in-process implementation, over `user_code` (where
+  environment code runs: loop or worker thread);
 - `inprocess`: a channel onto the service without a socket.
 """

@@ -28,14 +28,11 @@ from ors_grpc.protocol import convert as _convert
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.authoring.environment import (
-    Environment, find_terminal_tool, flatten_messages, overrides, tool_specs_of,
-)
-from ors_grpc._runtime import environment_calls
+from ors_grpc.authoring.environment import Environment, find_terminal_tool, flatten_messages, overrides
+from ors_grpc._runtime.environment_host import CatalogHost
 from ors_grpc._runtime.server_stats import WINDOW_S
 from ors_grpc._runtime.session import Session
 from ors_grpc._runtime.tool_calls import ToolCallTask
-from ors_grpc._runtime.user_code import run_user_code
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
 from ors_grpc._runtime.drain import Drain
@@ -133,10 +130,10 @@ def _registered_name(toolset_cls: type) -> str:
     return name() if callable(name) else toolset_cls.__name__
 
 
-async def _session_code(session: Session, fn: Callable[[], Any]) -> Any:
-    """Run one of a session's user code functions (prompt, messages, task tools)."""
+async def _session_code(session: Session, call: Awaitable[Any]) -> Any:
+    """Await one of a session's host calls (prompt, messages, task tools)."""
     with _environment_code(session.redact):
-        return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop)
+        return await call
 
 
 def _classified(method: str, exc: Exception) -> ORSError | str:
@@ -268,7 +265,7 @@ def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
     return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
 
 
-def _keyed_tool_call(session: Session, env: Environment, tool_call: Any, key: str) -> ToolCallTask:
+def _keyed_tool_call(session: Session, tool_call: Any, key: str) -> ToolCallTask:
     """The call of idempotency key `key`: started under it as its task id, or the one already started."""
     if tool_call.task_id:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
@@ -276,11 +273,11 @@ def _keyed_tool_call(session: Session, env: Environment, tool_call: Any, key: st
     name, tool_input = tool_call.name, _tool_input(tool_call)
     return session.calls.run_once(
         key, call_fingerprint("tool", name, tool_input),
-        lambda task_id: session.calls.start(env, name, tool_input, task_id=task_id),
+        lambda task_id: session.calls.start(session.host, name, tool_input, task_id=task_id),
     )
 
 
-def _keyed_scoring(session: Session, env: Environment, request: pb.ScoreGroupRequest) -> ToolCallTask:
+def _keyed_scoring(session: Session, request: pb.ScoreGroupRequest) -> ToolCallTask:
     """The scoring of idempotency key `request.idempotency_key`, as `_keyed_tool_call`:
     started under it, or the one already started with the same candidates."""
     if request.task_id:
@@ -290,7 +287,7 @@ def _keyed_scoring(session: Session, env: Environment, request: pb.ScoreGroupReq
     sent = [candidate.model_dump(mode="json") for candidate in candidates]
     return session.calls.run_once(
         request.idempotency_key, call_fingerprint("score_group", "", sent),
-        lambda task_id: session.calls.start_scoring(env, candidates, task_id=task_id),
+        lambda task_id: session.calls.start_scoring(session.host, candidates, task_id=task_id),
     )
 
 
@@ -301,26 +298,6 @@ async def _scoring_outcome_event(session: Session, call: ToolCallTask) -> pb.Sco
     if outcome.failure is None:
         return pb.ScoreGroupResponse(result=pb.ScoreGroupResult(scores=_convert.group_scores_to_proto(outcome.result)))
     return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
-
-
-def _session_tools(env: Environment, task_tools: ListToolsOutput, toolset: Any) -> ListToolsOutput:
-    """An episode's tools: shared, then task-specific, then its session
-    toolset's (which replace same-named ones); the terminal tool (the
-    toolset's, else the environment's) apart."""
-    listed = env.list_tools()
-    terminal = listed.terminal_tool
-    tools = listed.tools + task_tools.tools
-    if toolset is not None:
-        terminal = find_terminal_tool(toolset) or terminal
-        toolset_tools = tool_specs_of(toolset)
-        replaced = {spec.name for spec in toolset_tools}
-        tools = [spec for spec in tools if spec.name not in replaced] + toolset_tools
-    if terminal is not None:
-        tools = [spec for spec in tools if spec.name != terminal.name]
-    return ListToolsOutput(
-        tools=tools, terminal_tool=terminal,
-        supports_score_group=listed.supports_score_group, message_block_types=listed.message_block_types,
-    )
 
 
 async def _outcome_event(session: Session, call: ToolCallTask) -> pb.CallToolResponse:
@@ -384,20 +361,25 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT, f"unknown environment {env_name!r}")
         return env_cls
 
-    async def _splits(self, env_cls: type[Environment]) -> list[Split | str]:
-        with _environment_code():
-            return list(await run_user_code(env_cls.list_splits, on_loop=env_cls.sync_code_on_loop))
+    def _catalog(self, env_name: str) -> CatalogHost:
+        """The host of an environment's class-level calls."""
+        return self._sessions.hosts.catalog(self._env_cls(env_name))
 
-    async def _check_split(self, env_cls: type[Environment], split: str) -> None:
-        names = [_convert.split_to_proto(s).name for s in await self._splits(env_cls)]
+    async def _splits(self, catalog: CatalogHost) -> list[Split | str]:
+        with _environment_code():
+            return await catalog.list_splits()
+
+    async def _check_split(self, catalog: CatalogHost, split: str) -> None:
+        names = [_convert.split_to_proto(s).name for s in await self._splits(catalog)]
         if split not in names:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_SPLIT, "Invalid split")
 
     async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
-        await self._check_split(env_cls, split)
+        catalog = self._sessions.hosts.catalog(env_cls)
+        await self._check_split(catalog, split)
         try:
             with _environment_code(answered=(IndexError,)):
-                return await environment_calls.get_task(env_cls, split, index)
+                return await catalog.get_task(split, index)
         except IndexError:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index") from None
 
@@ -415,21 +397,21 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def ListTools(self, request: pb.ListToolsRequest, context: Any) -> pb.ListToolsResponse:
-        env_cls = self._env_cls(request.env_name)
-        return pb.ListToolsResponse(**_convert.tool_listing(env_cls.list_tools()))
+        catalog = self._catalog(request.env_name)
+        return pb.ListToolsResponse(**_convert.tool_listing(await catalog.list_tools()))
 
     @_unary
     async def ListSplits(self, request: pb.ListSplitsRequest, context: Any) -> pb.ListSplitsResponse:
-        env_cls = self._env_cls(request.env_name)
-        return pb.ListSplitsResponse(splits=[_convert.split_to_proto(s) for s in await self._splits(env_cls)])
+        catalog = self._catalog(request.env_name)
+        return pb.ListSplitsResponse(splits=[_convert.split_to_proto(s) for s in await self._splits(catalog)])
 
     @_unary
     async def ListTasks(self, request: pb.ListTasksRequest, context: Any) -> pb.ListTasksResponse:
-        env_cls = self._env_cls(request.env_name)
-        await self._check_split(env_cls, request.split)
+        catalog = self._catalog(request.env_name)
+        await self._check_split(catalog, request.split)
         try:
             with _environment_code(answered=(NotImplementedError,)):
-                tasks = await environment_calls.list_tasks(env_cls, request.split)
+                tasks = await catalog.list_tasks(request.split)
         except NotImplementedError:
             raise ORSError(errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED, LISTING_UNSUPPORTED_MESSAGE) from None
         return pb.ListTasksResponse(
@@ -438,10 +420,10 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def NumTasks(self, request: pb.NumTasksRequest, context: Any) -> pb.NumTasksResponse:
-        env_cls = self._env_cls(request.env_name)
-        await self._check_split(env_cls, request.split)
+        catalog = self._catalog(request.env_name)
+        await self._check_split(catalog, request.split)
         with _environment_code():
-            num_tasks = await environment_calls.num_tasks(env_cls, request.split)
+            num_tasks = await catalog.num_tasks(request.split)
         return pb.NumTasksResponse(num_tasks=num_tasks)
 
     @_unary
@@ -452,13 +434,13 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def GetTaskRange(self, request: pb.GetTaskRangeRequest, context: Any) -> pb.GetTaskRangeResponse:
-        env_cls = self._env_cls(request.env_name)
-        await self._check_split(env_cls, request.split)
+        catalog = self._catalog(request.env_name)
+        await self._check_split(catalog, request.split)
         start = request.start if request.HasField("start") else None
         stop = request.stop if request.HasField("stop") else None
         try:
             with _environment_code(answered=(IndexError,)):
-                tasks = await environment_calls.get_task_range(env_cls, request.split, start, stop)
+                tasks = await catalog.get_task_range(request.split, start, stop)
         except IndexError:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index range") from None
         return pb.GetTaskRangeResponse(tasks=[_convert.task_to_proto(task) for task in tasks])
@@ -512,50 +494,49 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         return toolset_cls
 
     async def _prompt(self, sid: str) -> pb.GetPromptResponse:
-        session, env = await self._sessions.ready(sid)
-        if overrides(env, "get_prompt"):
-            blocks = await _session_code(session, env.get_prompt)
+        session = await self._sessions.ready(sid)
+        if session.host.implements("get_prompt"):
+            blocks = await _session_code(session, session.host.prompt())
         else:  # a conversation-shaped environment: its messages, flattened
-            blocks = flatten_messages(await self._session_messages(session, env))
+            blocks = flatten_messages(await self._session_messages(session))
         return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
 
-    async def _session_messages(self, session: Session, env: Environment) -> Sequence[Message]:
+    async def _session_messages(self, session: Session) -> Sequence[Message]:
         """The environment's `get_messages`, validated as Messages."""
-        messages = await _session_code(session, env.get_messages)
+        messages = await _session_code(session, session.host.messages())
         with _environment_code(session.redact):  # what it returned cannot be sent
             return [Message.model_validate(m) if not isinstance(m, Message) else m for m in messages]
 
     async def _messages(self, sid: str) -> pb.GetMessagesResponse:
-        session, env = await self._sessions.ready(sid)
-        if overrides(env, "get_messages"):
-            messages = await self._session_messages(session, env)
+        session = await self._sessions.ready(sid)
+        if session.host.implements("get_messages"):
+            messages = await self._session_messages(session)
         else:  # the default: the prompt as one user message
-            messages = [Message(role="user", blocks=await _session_code(session, env.get_prompt))]
+            messages = [Message(role="user", blocks=await _session_code(session, session.host.prompt()))]
         return pb.GetMessagesResponse(messages=_convert.messages_to_proto(messages))
 
     async def _task_tools(self, sid: str) -> pb.ListTaskToolsResponse:
-        session, env = await self._sessions.ready(sid)
-        task_tools: ListToolsOutput = await _session_code(session, env.list_task_tools)
-        tools = _session_tools(env, task_tools, session.calls.toolset)
+        session = await self._sessions.ready(sid)
+        tools: ListToolsOutput = await _session_code(session, session.host.task_tools())
         return pb.ListTaskToolsResponse(**_convert.tool_listing(tools))
 
-    async def _scoring_session(self, sid: str) -> tuple[Session, Environment]:
-        """The session and environment, once set up, if it implements score_group."""
-        session, env = await self._sessions.ready(sid)
-        if not overrides(env, "score_group"):
+    async def _scoring_session(self, sid: str) -> Session:
+        """The session, once set up, if its environment implements score_group."""
+        session = await self._sessions.ready(sid)
+        if not session.host.implements("score_group"):
             raise ORSError(errors_pb2.ERROR_REASON_SCORE_GROUP_UNSUPPORTED,
                            f"Environment {session.env_cls.name().lower()!r} does not implement score_group")
-        return session, env
+        return session
 
     async def _scoring(self, sid: str, request: pb.ScoreGroupRequest) -> tuple[Session, ToolCallTask]:
         """The session and its scoring: a new one, the one of `task_id`, or the one of its idempotency key."""
-        session, env = await self._scoring_session(sid)
+        session = await self._scoring_session(sid)
         if request.idempotency_key:
-            return session, _keyed_scoring(session, env, request)
+            return session, _keyed_scoring(session, request)
         if request.task_id:
             return session, session.calls.attach(request.task_id, SCORE_GROUP)
         candidates = _convert.group_candidates_from_proto(request.candidates)
-        return session, session.calls.start_scoring(env, candidates)
+        return session, session.calls.start_scoring(session.host, candidates)
 
     async def _score_events(self, sid: str, request: pb.ScoreGroupRequest) -> AsyncIterator[pb.ScoreGroupResponse]:
         """A scoring's task id, then its result or failure (ScoreGroup's events)."""
@@ -565,9 +546,9 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     async def _stream_scoring(self, step: pb.ScoreGroupStep, stream_sid: str | None) -> pb.ScoreGroupResponse:
         """A RunEpisode score_group step: the scoring gets the client's task id; its outcome."""
-        session, env = await self._scoring_session(_stream_session_id("", stream_sid))
+        session = await self._scoring_session(_stream_session_id("", stream_sid))
         candidates = _convert.group_candidates_from_proto(step.candidates)
-        call = session.calls.start_scoring(env, candidates, task_id=step.task_id)
+        call = session.calls.start_scoring(session.host, candidates, task_id=step.task_id)
         return await _scoring_outcome_event(session, call)
 
     @_unary
@@ -583,21 +564,21 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         self, sid: str, tool_call: Any, idempotency_key: str = ""
     ) -> AsyncIterator[pb.CallToolResponse]:
         """A call's task id, then its result or failure (CallTool's events)."""
-        session, env = await self._sessions.ready(sid)
+        session = await self._sessions.ready(sid)
         if idempotency_key:
-            call = _keyed_tool_call(session, env, tool_call, idempotency_key)
+            call = _keyed_tool_call(session, tool_call, idempotency_key)
         elif tool_call.task_id:
             call = session.calls.attach(tool_call.task_id)
         else:
-            call = session.calls.start(env, tool_call.name, _tool_input(tool_call))
+            call = session.calls.start(session.host, tool_call.name, _tool_input(tool_call))
         yield pb.CallToolResponse(task_id=call.task_id)
         yield await _outcome_event(session, call)
 
     async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.CallToolResponse:
         """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
         # A ToolCallStep names no session: it always acts on the stream's.
-        session, env = await self._sessions.ready(_stream_session_id("", stream_sid))
-        call = session.calls.start(env, step.name, _tool_input(step), task_id=step.task_id)
+        session = await self._sessions.ready(_stream_session_id("", stream_sid))
+        call = session.calls.start(session.host, step.name, _tool_input(step), task_id=step.task_id)
         return await _outcome_event(session, call)
 
     @_unary

@@ -1,5 +1,5 @@
-"""One episode's state in the session table: its environment (once set up),
-its tool calls and its construction's and setup's progress."""
+"""One episode's entry in the session table: its host (the environment and
+where its life stands, `environment_host`), its tool calls, its record."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from ors_grpc.authoring.environment import Environment
-from ors_grpc.protocol.errors import ORSError
+from ors_grpc._runtime.environment_host import EpisodeHost
 
 if TYPE_CHECKING:
     from ors_grpc._runtime.episode_record import EpisodeRecorder
@@ -24,39 +23,38 @@ _READY.set()
 
 
 class Session:
-    """One episode: its environment (once set up) and its tool calls."""
+    """One episode: its host, its tool calls, its record."""
+
+    # Slots: an idle episode's memory counts (thousands per server); tracing refers to it weakly.
+    __slots__ = ("sid", "host", "calls", "redact", "constructed", "ready", "record", "setup_task", "last_active",
+                 "route_key", "__weakref__")
 
     def __init__(
-        self, sid: str, env_cls: type[Environment], *, sync_lock: asyncio.Lock,
-        calls: SessionToolCalls, redact: Any, record: EpisodeRecorder,
+        self, sid: str, host: EpisodeHost, *, calls: SessionToolCalls, redact: Any, record: EpisodeRecorder,
     ) -> None:
         self.sid = sid
-        #: Keeps the episode's synchronous user code to one thread at a time.
-        self.sync_lock = sync_lock
-        self.env_cls = env_cls
-        self.env: Environment | None = None
+        #: The episode's environment, and where its life stands (`host.state`).
+        self.host = host
         self.calls = calls
         self.redact = redact
-        #: Set once the constructors (the environment's, its session
-        #: toolset's) have run: the creation answers then.
+        #: Set once the constructors have run (the creation answers then):
+        #: wakes the creation; the host's state says how they went.
         self.constructed = asyncio.Event()
-        #: Why a constructor failed (the creation fails with it).
-        self.construction_error: ORSError | None = None
+        #: Set once setup has ended, well or not, or the episode ended: wakes
+        #: the calls waiting for it.
+        self.ready = asyncio.Event()
         #: What happened in the episode (GetEpisodeRecord).
         self.record = record
-        self.ready = asyncio.Event()
-        self.error: ORSError | None = None
-        self.deleted = False
         self.setup_task: asyncio.Task[None] | None = None
-        # True while setup runs synchronous user code in a worker thread,
-        # which cannot be interrupted (see SessionTable.delete).
-        self.setup_in_thread = False
-        self.setup_abandoned = False
         self.last_active = time.monotonic()
         #: The `x-session-id` of the RunEpisode stream that created the
         #: episode, when it is not the episode's own id (a reused stream):
         #: the key its per-step RPCs are routed by.
         self.route_key: str | None = None
+
+    @property
+    def env_cls(self) -> Any:
+        return self.host.env_cls
 
     def mark_constructed(self) -> None:
         """Wake the creation waiting for the constructors; later waits return at once."""

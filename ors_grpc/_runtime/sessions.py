@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import itertools
 import logging
 import math
@@ -26,10 +25,11 @@ from typing import Any, Iterable, Sequence
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools, overrides
+from ors_grpc.authoring.environment import Environment, class_has_exclusive_tools
+from ors_grpc._runtime.environment_host import EpisodeState, HostFactory
 from ors_grpc._runtime.episode_record import EndedRecords, EpisodeRecorder
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
-from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
+from ors_grpc._runtime.local_hosts import LocalHosts
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.server_stats import ServerStats
 from ors_grpc._runtime.session import Session
@@ -66,6 +66,12 @@ def redactor(secret_values: Iterable[str]):
     return redact
 
 
+def _failure_message(session: Session) -> str:
+    """Why the episode's constructor or setup failed ("" when they did not)."""
+    failure = session.host.failure
+    return failure.message if failure is not None else ""
+
+
 class SessionTable:
     """Every session of the server, owned by the service."""
 
@@ -80,7 +86,10 @@ class SessionTable:
         warm_ttl_s: float = DEFAULT_WARM_TTL_S,
         setup_wait_s: float = DEFAULT_SETUP_WAIT_S,
         warm_setup_timeout_s: float = DEFAULT_WARM_SETUP_TIMEOUT_S,
+        hosts: HostFactory | None = None,
     ) -> None:
+        #: Where episodes' environments (and classes' own calls) are hosted.
+        self.hosts: HostFactory = hosts if hosts is not None else LocalHosts()
         self._setup_wait_s = setup_wait_s
         self._timeout_s = session_timeout_s
         self._reaper_interval_s = reaper_interval_s
@@ -141,12 +150,13 @@ class SessionTable:
         self._sessions[sid] = session
         metrics.session_opened(env_cls)
         await session.constructed.wait()
-        if session.construction_error is not None:
+        state = session.host.state
+        if state is EpisodeState.CONSTRUCTION_FAILED:
             if self._sessions.get(sid) is session:
                 del self._sessions[sid]
                 metrics.session_closed()
-            raise session.construction_error
-        if session.deleted:  # deleted while constructing
+            raise session.host.failure
+        if state is EpisodeState.ENDED:  # deleted while constructing
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         # DEBUG: a training loop opens hundreds of sessions a second.
         logger.debug("session_created env=%s", env_cls.name().lower())
@@ -181,15 +191,14 @@ class SessionTable:
         redact = redactor(secrets.values())
         record = EpisodeRecorder(env_cls.name().lower(), task_spec, toolset_name, redact,
                                  masking=redact is not _no_secrets)
-        sync_lock = asyncio.Lock()
         exclusive = class_has_exclusive_tools(env_cls) or (
             toolset_cls is not None and class_has_exclusive_tools(toolset_cls)
         )
         calls = SessionToolCalls(
-            linger_s=self._linger_s, timeout_s=self._tool_timeout_s, sync_lock=sync_lock, redact=redact,
+            linger_s=self._linger_s, timeout_s=self._tool_timeout_s, redact=redact,
             gate=ExclusiveGate() if exclusive else None, counters=self.stats.of(env_cls), record=record,
         )
-        session = Session(sid, env_cls, sync_lock=sync_lock, calls=calls, redact=redact, record=record)
+        session = Session(sid, self.hosts.episode(env_cls), calls=calls, redact=redact, record=record)
         session.setup_task = asyncio.get_running_loop().create_task(
             metrics.timed_setup(session, self._set_up(session, task_spec, secrets, toolset_cls)),
             name=f"ors-setup-{sid}",
@@ -233,26 +242,31 @@ class SessionTable:
         session.touch()
         return session
 
-    async def ready(self, sid: str) -> tuple[Session, Environment]:
-        """The session and its environment, once set up."""
+    async def ready(self, sid: str) -> Session:
+        """The session, once set up (its host READY)."""
         session = self.get(sid)
+        if session.host.state is not EpisodeState.READY:
+            await self._until_ready(session)
+        return session
+
+    async def _until_ready(self, session: Session) -> None:
         if not session.ready.is_set():
             try:
                 await asyncio.wait_for(session.ready.wait(), self._setup_wait_s)
             except asyncio.TimeoutError:
                 raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING, ENVIRONMENT_STARTING_MESSAGE) from None
-        if session.deleted:
+        state = session.host.state
+        if state is EpisodeState.ENDED:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
-        if session.error is not None:
-            raise session.error
-        assert session.env is not None
-        return session, session.env
+        if session.host.failure is not None:
+            raise session.host.failure
+        assert state is EpisodeState.READY, state
 
     def record(self, sid: str) -> pb.EpisodeRecord:
         """The record of the episode of `sid`: live, or ended within the linger time."""
         session = self._sessions.get(sid)
         if session is not None:
-            return session.record.to_proto(sid, setup_error=session.error.message if session.error else "")
+            return session.record.to_proto(sid, setup_error=_failure_message(session))
         record = self._ended_records.find(sid)
         if record is None:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND, "Active environment not found")
@@ -263,7 +277,7 @@ class SessionTable:
         session = self._sessions.pop(sid, None)
         if session is None:
             return
-        self._ended_records.add(sid, session.record, ended, session.error.message if session.error else "")
+        self._ended_records.add(sid, session.record, ended, _failure_message(session))
         if not self._sessions and self._emptied is not None:
             self._emptied.set()
         metrics.session_closed()
@@ -272,12 +286,11 @@ class SessionTable:
 
     async def end(self, session: Session) -> None:
         """Stop a session's setup and calls and tear it down (it is out of the table)."""
-        session.deleted = True
+        session.host.end()
         session.mark_ready()  # wake waiters: they answer "Session deleted"
         await self._stop_setup(session)
         await session.calls.release()
-        if session.env is not None:
-            await self._tear_down(session)
+        await self._tear_down(session)
 
     async def close(self) -> None:
         """Stop the reaper and end every session."""
@@ -291,44 +304,33 @@ class SessionTable:
     async def _stop_setup(self, session: Session) -> None:
         """Stop a running setup. Async setup is cancelled; synchronous code in
         a thread cannot be, so it is waited for: a sync `setup()` that ends
-        well leaves an environment that `delete` then tears down (as the
-        reference SDK, whose sync setup runs to its end, would)."""
+        well leaves an environment that is then torn down (as the reference
+        SDK, whose sync setup runs to its end, would)."""
         task = session.setup_task
         if task is None or task.done():
             return
-        if not session.setup_in_thread:
+        if not session.host.uninterruptible:
             task.cancel()
         _, still_running = await asyncio.wait({task}, timeout=SETUP_STOP_WAIT_S)
         if still_running:
             # Its own task tears the environment down if setup ever ends well.
-            session.setup_abandoned = True
             logger.warning("setup_still_running_after_delete waited_s=%s", SETUP_STOP_WAIT_S)
-
-    async def _run_setup_step(self, session: Session, fn: Any) -> Any:
-        on_loop = session.env_cls.sync_code_on_loop
-        session.setup_in_thread = runs_in_worker_thread(fn, on_loop)
-        try:
-            return await run_user_code(fn, sync_lock=session.sync_lock, on_loop=on_loop)
-        finally:
-            session.setup_in_thread = False
 
     async def _set_up(
         self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], toolset_cls: type | None
     ) -> None:
         started = time.monotonic()
+        host = session.host
         try:
-            env = await self._construct(session, task_spec, secrets, toolset_cls)
-            if env is None:
+            if not await self._construct(session, task_spec, secrets, toolset_cls):
                 return  # a constructor failed, or deleted while constructing: nothing to tear down
             session.mark_constructed()
-            if overrides(env, "setup"):  # else no worker-thread round trip for nothing
-                await self._run_setup_step(session, env.setup)
+            await host.setup()
         except Exception as exc:
-            session.error = self._setup_failed(session, exc)
+            host.fail(self._setup_failed(session, exc))
         else:
-            session.env = env
             logger.debug("setup_completed duration_ms=%.1f", (time.monotonic() - started) * 1000)
-            if session.setup_abandoned:  # deletion stopped waiting for this setup
+            if host.state is EpisodeState.ENDED:  # deleted while setting up: nobody else tears it down
                 await self._tear_down(session)
         finally:
             session.mark_constructed()
@@ -336,28 +338,25 @@ class SessionTable:
 
     async def _construct(
         self, session: Session, task_spec: dict[str, Any], secrets: dict[str, str], toolset_cls: type | None
-    ) -> Environment | None:
-        """The episode's environment, with its session toolset attached;
-        None when a constructor raised (`session.construction_error` says
+    ) -> bool:
+        """Construct the episode's environment, with its session toolset
+        attached: False when a constructor raised (the host's failure says
         why) or the episode was deleted meanwhile."""
+        host = session.host
         try:
-            env = await self._run_setup_step(
-                session, functools.partial(session.env_cls, task_spec=task_spec, secrets=secrets)
-            )
-            if session.deleted:
-                return None
+            await host.construct(task_spec, secrets)
+            if host.state is EpisodeState.ENDED:
+                return False
             if toolset_cls is not None:
-                session.calls.toolset = await self._attach_toolset(session, toolset_cls, env)
+                await self._attach_toolset(session, toolset_cls)
         except Exception as exc:
-            session.construction_error = session.error = (
-                exc if isinstance(exc, ORSError) else self._setup_failed(session, exc)
-            )
-            return None
-        return env
+            host.fail(exc if isinstance(exc, ORSError) else self._setup_failed(session, exc))
+            return False
+        return True
 
-    async def _attach_toolset(self, session: Session, toolset_cls: type, env: Environment) -> Any:
+    async def _attach_toolset(self, session: Session, toolset_cls: type) -> None:
         try:
-            return await self._run_setup_step(session, functools.partial(toolset_cls, env))
+            await session.host.attach_toolset(toolset_cls)
         except ValueError as exc:
             # openreward answers a toolset's ValueError (it cannot serve this environment) with a 400.
             raise self._failure(session, ORSError(errors_pb2.ERROR_REASON_TOOLSET_REFUSED, session.redact(
@@ -378,13 +377,9 @@ class SessionTable:
         return error
 
     async def _tear_down(self, session: Session) -> None:
-        assert session.env is not None
-        if not overrides(session.env, "teardown"):
-            return
+        """The environment's `teardown()`, if it was set up (once: the host keeps count)."""
         try:
-            await run_user_code(
-                session.env.teardown, sync_lock=session.sync_lock, on_loop=session.env_cls.sync_code_on_loop
-            )
+            await session.host.teardown()
         except Exception as exc:
             logger.warning("teardown_failed error_type=%s error=%s",
                            type(exc).__name__, session.redact(str(exc)))

@@ -28,14 +28,13 @@ from typing import Any, Awaitable, Callable, Sequence
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
 from ors_grpc._runtime.episode_record import EpisodeRecorder
-from ors_grpc.authoring.environment import Environment, is_concurrent_tool, is_exclusive_tool, resolve_tool
+from ors_grpc._runtime.environment_host import EpisodeHost
+from ors_grpc.authoring.environment import is_concurrent_tool, is_exclusive_tool
 from ors_grpc.protocol import convert, json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.server_stats import EnvironmentCounters
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
-from ors_grpc._runtime.environment_calls import run_tool
-from ors_grpc._runtime.user_code import run_user_code
 
 __all__ = ["CallOutcome", "SessionToolCalls", "ToolCallTask", "call_fingerprint"]
 
@@ -118,7 +117,7 @@ class SessionToolCalls:
     """The tool calls of one session: start, attach, release."""
 
     def __init__(
-        self, *, linger_s: float, timeout_s: float | None, sync_lock: asyncio.Lock, redact: Any = str,
+        self, *, linger_s: float, timeout_s: float | None, redact: Any = str,
         gate: ExclusiveGate | None = None, counters: EnvironmentCounters | None = None,
         record: EpisodeRecorder | None = None,
     ) -> None:
@@ -127,7 +126,6 @@ class SessionToolCalls:
         self._counters = counters
         #: The episode's record, where every tool call is written down.
         self._record = record
-        self._sync_lock = sync_lock
         self._timeout_s = timeout_s
         self._redact = redact
         self._calls: dict[str, ToolCallTask] = {}
@@ -135,8 +133,6 @@ class SessionToolCalls:
         self._tool_locks: dict[str, asyncio.Lock] = {}
         #: Only for sessions with an exclusive tool: other calls then pass it shared.
         self._gate = gate
-        #: The session's toolset (attached by name at creation), once set up.
-        self.toolset: Any = None
         self.finished = False
         #: monotonic time the last call completed (counts as session activity).
         self.last_completed = 0.0
@@ -146,17 +142,17 @@ class SessionToolCalls:
         return any(not call.done for call in self._calls.values())
 
     def start(
-        self, env: Environment, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
+        self, host: EpisodeHost, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
     ) -> ToolCallTask:
         """Runs a call under `task_id` (the client's choice), else a new one."""
-        return self._start(lambda: self._recorded_run(env, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
+        return self._start(lambda: self._recorded_run(host, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
 
     def start_scoring(
-        self, env: Environment, candidates: Sequence[GroupCandidate], *, task_id: str | None = None
+        self, host: EpisodeHost, candidates: Sequence[GroupCandidate], *, task_id: str | None = None
     ) -> ToolCallTask:
-        """Runs `env.score_group(candidates)` as a call would run (a task id,
+        """Runs the environment's `score_group(candidates)` as a call would run (a task id,
         apart from the stream), under `task_id` or a new one."""
-        return self._start(lambda: self._score(env, candidates), "ors-score-group", task_id, SCORE_GROUP)
+        return self._start(lambda: self._score(host, candidates), "ors-score-group", task_id, SCORE_GROUP)
 
     def _start(
         self, work: Callable[[], Awaitable[CallOutcome]], label: str, task_id: str | None, kind: str
@@ -223,12 +219,12 @@ class SessionToolCalls:
         self._evictions.pop(task_id, None)
         self._calls.pop(task_id, None)
 
-    async def _recorded_run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+    async def _recorded_run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """`_run`, written down in the episode's record; the outcome carries its result message."""
         record = self._record
         call = record.call_started(name, tool_input) if record is not None else None
         try:
-            outcome = await self._run(env, name, tool_input)
+            outcome = await self._run(host, name, tool_input)
         except asyncio.CancelledError:
             if record is not None and call is not None:
                 record.call_failed(call, "the call was stopped: the session ended")
@@ -245,55 +241,53 @@ class SessionToolCalls:
             record.call_returned(call, outcome.result, message.ByteSize() if message is not None else 0)
         return CallOutcome(outcome.result, outcome.failure, message)  # (dataclasses.replace costs 4x as much)
 
-    async def _run(self, env: Environment, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+    async def _run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""
         try:
-            fn = resolve_tool(env, name, self.toolset)
+            fn = host.resolve_tool(name)
         except Exception as exc:  # the constructor of a toolset the environment declares raised
             message = self._redact(f"{type(exc).__name__}: {exc}")
             logger.warning("toolset_instantiation_failed tool=%s error=%s", name, message)
             return CallOutcome(failure=message)
         if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
-            return await metrics.timed_tool_call(env, name, _at_once(CallOutcome(result=fn)))
+            return await metrics.timed_tool_call(host, name, _at_once(CallOutcome(result=fn)))
         if self.finished:
             return _refused_as_finished(name)
         if is_exclusive_tool(fn):
             if self._gate is None:  # a tool the class scan did not see (set on the instance)
                 self._gate = ExclusiveGate()
             async with self._gate.exclusive():
-                return await self._run_in_turn(env, name, fn, tool_input)
+                return await self._run_in_turn(host, name, fn, tool_input)
         gate = self._gate
         if is_concurrent_tool(fn):
             if gate is None:
-                return await self._run_in_turn(env, name, fn, tool_input)
+                return await self._run_in_turn(host, name, fn, tool_input)
             async with gate.shared():
-                return await self._run_in_turn(env, name, fn, tool_input)
+                return await self._run_in_turn(host, name, fn, tool_input)
         # The tool lock outside the gate: calls queued on a tool do not hold an exclusive one off.
         async with self._tool_locks.setdefault(name, asyncio.Lock()):
             if gate is None:
-                return await self._run_in_turn(env, name, fn, tool_input)
+                return await self._run_in_turn(host, name, fn, tool_input)
             async with gate.shared():
-                return await self._run_in_turn(env, name, fn, tool_input)
+                return await self._run_in_turn(host, name, fn, tool_input)
 
     async def _run_in_turn(
-        self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
+        self, host: EpisodeHost, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
     ) -> CallOutcome:
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
             return _refused_as_finished(name)
-        call = metrics.timed_tool_call(env, name, self._run_tool(env, name, fn, tool_input))
+        call = metrics.timed_tool_call(host, name, self._run_tool(host, name, fn, tool_input))
         if self._counters is None:
             return await call
         return await self._counters.timed_call(name, call, _failure_message)
 
     async def _run_tool(
-        self, env: Environment, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
+        self, host: EpisodeHost, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
     ) -> CallOutcome:
         started = time.monotonic()
         try:
-            result = await asyncio.wait_for(
-                run_tool(env, name, fn, tool_input, sync_lock=self._sync_lock), self._timeout_s
-            )
+            result = await asyncio.wait_for(host.run_tool(name, fn, tool_input), self._timeout_s)
         except asyncio.TimeoutError:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
             return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")
@@ -311,13 +305,11 @@ class SessionToolCalls:
                      name, result.root.ok, (time.monotonic() - started) * 1000)
         return CallOutcome(result=result)
 
-    async def _score(self, env: Environment, candidates: Sequence[GroupCandidate]) -> CallOutcome:
+    async def _score(self, host: EpisodeHost, candidates: Sequence[GroupCandidate]) -> CallOutcome:
         """One score per candidate (bare numbers become `GroupScore(reward=)`),
         or the failure: the environment raised, or miscounted."""
         try:
-            returned = await run_user_code(
-                env.score_group, list(candidates), sync_lock=self._sync_lock, on_loop=env.sync_code_on_loop
-            )
+            returned = await host.score_group(candidates)
             scores = [score if isinstance(score, GroupScore) else GroupScore(reward=float(score))
                       for score in returned]
             if len(scores) != len(candidates):

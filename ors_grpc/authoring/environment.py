@@ -386,7 +386,7 @@ class Environment(ABC):
         """The environment's splits: `Split` objects or bare names."""
 
     # The server runs the three below through its own runner when a class
-    # keeps them (the runtime's `environment_calls`), so that a slow
+    # keeps them (the runtime's catalog host, `local_hosts`), so that a slow
     # synchronous `list_tasks` never stalls its event loop.
 
     @classmethod

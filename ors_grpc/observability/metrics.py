@@ -147,7 +147,7 @@ async def timed_setup(session: Any, setup: Awaitable[None]) -> None:
     outcome = "cancelled"
     try:
         await setup
-        outcome = "failed" if session.error is not None else "ok" if session.env is not None else "cancelled"
+        outcome = "failed" if session.host.failure is not None else "ok" if session.host.set_up else "cancelled"
     finally:
         SETUP_SECONDS.labels(environment_label(session.env_cls), outcome).observe(time.perf_counter() - started)
 
@@ -177,12 +177,13 @@ def _tool_metrics(env_cls: type, name: str) -> _ToolMetrics:
     )
 
 
-async def timed_tool_call(env: Any, name: str, call: Awaitable[T]) -> T:
-    """Await one tool call (a tool_calls.CallOutcome), counting it in flight
-    while it runs and observing its duration and outcome."""
-    metrics = _tool_metrics(type(env), name)
+async def timed_tool_call(host: Any, name: str, call: Awaitable[T]) -> T:
+    """Await one tool call (a tool_calls.CallOutcome) of an episode (its
+    environment_host), counting it in flight while it runs and observing its
+    duration and outcome."""
+    metrics = _tool_metrics(host.env_cls, name)
     if tracing.tracer is not None:
-        call = tracing.traced_tool_call(env, tool_label(type(env), name), call)
+        call = tracing.traced_tool_call(host, tool_label(host.env_cls, name), call)
     metrics.in_flight.inc()
     started = time.perf_counter()
     outcome = "cancelled"

@@ -72,10 +72,10 @@ _environment_checked = False
 #: The session id an RPC acts on, for the spans of work it starts (tool calls
 #: run in tasks that inherit it).
 SESSION_ID: contextvars.ContextVar[str] = contextvars.ContextVar("ors_session_id", default="")
-#: The session of each environment set up while tracing was on, for its tool
-#: calls' spans: it names the session also for a RunEpisode stream's calls, and
-#: after a rename. Weak both ways, so that it keeps nothing alive.
-_SESSION_OF_ENV: "weakref.WeakKeyDictionary[Any, weakref.ref[Any]]" = weakref.WeakKeyDictionary()
+#: The session of each episode (its environment_host) set up while tracing was
+#: on, for its tool calls' spans: it names the session also for a RunEpisode
+#: stream's calls, and after a rename. Weak both ways, so that it keeps nothing alive.
+_SESSION_OF_HOST: "weakref.WeakKeyDictionary[Any, weakref.ref[Any]]" = weakref.WeakKeyDictionary()
 
 SESSION_ID_ATTRIBUTE = "ors.session_id"
 #: Status codes that are the server's fault (OpenTelemetry's gRPC convention).
@@ -386,27 +386,27 @@ async def traced_setup(session: Any, setup: Awaitable[None]) -> None:
         outcome = "cancelled"
         try:
             await setup
-            outcome = "failed" if session.error is not None else "ok" if session.env is not None else "cancelled"
-            if session.env is not None:
+            outcome = "failed" if session.host.failure is not None else "ok" if session.host.set_up else "cancelled"
+            if session.host.set_up:
                 _remember_session(session)
         finally:
             span.set_attribute("ors.outcome", outcome)
             if outcome == "failed":
                 # The message is the (secret-masked) one clients get.
-                span.set_status(Status(StatusCode.ERROR, session.error.message))
+                span.set_status(Status(StatusCode.ERROR, session.host.failure.message))
 
 
 def _remember_session(session: Any) -> None:
     try:
-        _SESSION_OF_ENV[session.env] = weakref.ref(session)
+        _SESSION_OF_HOST[session.host] = weakref.ref(session)
     except TypeError:
-        pass  # an environment that cannot be hashed or weakly referenced: the RPC's session id serves
+        pass  # a host that cannot be weakly referenced: the RPC's session id serves
 
 
-def _session_id_of(env: Any) -> str:
-    """The session of `env` (set up while tracing was on), else the RPC's."""
+def _session_id_of(host: Any) -> str:
+    """The session of episode `host` (set up while tracing was on), else the RPC's."""
     try:
-        session = _SESSION_OF_ENV.get(env, _no_session)()
+        session = _SESSION_OF_HOST.get(host, _no_session)()
     except TypeError:
         session = None
     return session.sid if session is not None else SESSION_ID.get()
@@ -416,7 +416,7 @@ def _no_session() -> None:
     return None
 
 
-async def traced_tool_call(env: Any, tool: str, call: Awaitable[T]) -> T:
+async def traced_tool_call(host: Any, tool: str, call: Awaitable[T]) -> T:
     """Await one tool call (a tool_calls.CallOutcome) inside an `execute_tool` span.
 
     `tool` is the metrics' bounded tool label (a name the environment does
@@ -426,9 +426,9 @@ async def traced_tool_call(env: Any, tool: str, call: Awaitable[T]) -> T:
     attributes = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
-        "ors.environment": type(env).name().lower(),
+        "ors.environment": host.env_cls.name().lower(),
     }
-    sid = _session_id_of(env)
+    sid = _session_id_of(host)
     if sid:
         attributes[SESSION_ID_ATTRIBUTE] = sid
     with tracer.start_as_current_span(f"execute_tool {tool}", attributes=attributes, record_exception=False,
