@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 __all__ = [
@@ -47,6 +47,9 @@ __all__ = [
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 #: Methods that only read: a foreign `Origin` is refused on the others (HTTP door).
 READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: `Host` values whose answer a policy remembers at most (then it starts over):
+#: a server is reached under a few names, but a client can send any.
+MAX_REMEMBERED_HOSTS = 1024
 #: Seconds a browser may keep a preflight's answer.
 CORS_PREFLIGHT_MAX_AGE_S = 600
 #: What an allowed page may send and read: the headers of the ORS HTTP API
@@ -152,6 +155,8 @@ class BrowserPolicy:
     checks_host: bool
     hosts: _Patterns
     origins: _Patterns
+    #: `host_allowed`'s answers by raw `Host` value: one dict lookup per request.
+    _answers: dict[Optional[str], bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def for_bind(cls, bind_host: str, allowed_hosts: Iterable[str] = (),
@@ -176,7 +181,13 @@ class BrowserPolicy:
 
     def host_allowed(self, host: Optional[str]) -> bool:
         """Whether a request with this `Host` header is served (False: 421)."""
-        return not self.checks_host or host is None or self.hosts.match(host.lower())
+        answer = self._answers.get(host)
+        if answer is None:
+            answer = not self.checks_host or host is None or self.hosts.match(host.lower())
+            if len(self._answers) >= MAX_REMEMBERED_HOSTS:
+                self._answers.clear()
+            self._answers[host] = answer
+        return answer
 
     def origin_kind(self, origin: Optional[str], host: Optional[str]) -> OriginKind:
         """Where the page of a request with this `Origin` (and a served `Host`) comes from."""
