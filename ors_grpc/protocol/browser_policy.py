@@ -36,6 +36,7 @@ __all__ = [
     "FOREIGN_HOST_DETAIL",
     "FOREIGN_ORIGIN_DETAIL",
     "LOOPBACK_HOSTS",
+    "MAX_REMEMBERED_HOSTS",
     "BrowserPolicy",
     "READ_ONLY_METHODS",
     "OriginKind",

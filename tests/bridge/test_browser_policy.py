@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ors_grpc.protocol.browser_policy import BrowserPolicy, OriginKind, is_loopback_bind
+from ors_grpc.protocol.browser_policy import MAX_REMEMBERED_HOSTS, BrowserPolicy, OriginKind, is_loopback_bind
 
 
 @pytest.mark.parametrize("bind, loopback", [
@@ -81,3 +81,11 @@ def test_cors_headers_name_the_origin_never_a_wildcard() -> None:
         assert headers["Access-Control-Allow-Origin"] == "https://app.example"
         assert headers["Vary"] == "Origin"
         assert "*" not in headers.values()
+
+
+def test_answers_stay_right_past_the_remembered_hosts() -> None:
+    policy = BrowserPolicy.for_bind("127.0.0.1", ["proxy.example"])
+    assert [policy.host_allowed(f"evil{n}.example") for n in range(3 * MAX_REMEMBERED_HOSTS)] == \
+        [False] * (3 * MAX_REMEMBERED_HOSTS)
+    assert policy.host_allowed("localhost:8080") and policy.host_allowed("proxy.example")
+    assert not policy.host_allowed("evil0.example")
