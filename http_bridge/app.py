@@ -34,7 +34,7 @@ from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
 from . import _openapi, _static, _tracing
 
-__all__ = ["DEFAULT_MAX_BYTES", "BrowserPolicy", "HttpLimits", "create_app", "start_bridge"]
+__all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
 
 logger = logging.getLogger("http_bridge")
 
