@@ -218,6 +218,7 @@ def _parser() -> argparse.ArgumentParser:
                             "they are ended (0: at once); new episodes are refused meanwhile")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
+    _add_browser_options(serve)
 
     drain = commands.add_parser(
         "drain", help="drain a running `ors-grpc serve` on this host", formatter_class=formatter,
@@ -255,6 +256,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the name to check in the backend's certificate (default: the backend host)")
     bridge.add_argument("--log-level", **sub_log_level)
     _add_http_limits(bridge)
+    _add_browser_options(bridge)
     return parser
 
 
@@ -270,6 +272,19 @@ def _add_http_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-max-connections", type=_positive_number(int), default=None, metavar="N",
                         help="open HTTP connections at most (default: 3/4 of the file descriptor limit, "
                              "at most 10,000); more are answered 503")
+
+
+def _add_browser_options(parser: argparse.ArgumentParser) -> None:
+    """Which Host and Origin the HTTP and MCP doors serve (ors_grpc/protocol/browser_policy.py)."""
+    parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME[:PORT]",
+                        help="also serve requests whose Host is NAME (NAME:PORT: that port only; NAME:*: any port), "
+                             "as behind a proxy; repeatable (default: bound to loopback, only 127.0.0.1, localhost "
+                             "and [::1], so that web pages cannot reach the doors through DNS rebinding; bound "
+                             "elsewhere, any)")
+    parser.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=[],
+                        metavar="SCHEME://NAME[:PORT]",
+                        help="let web pages served at this origin (SCHEME://NAME:*: any port) use the doors, with "
+                             "CORS answers; repeatable (default: none: a page of another origin cannot change state)")
 
 
 def _http_limits(args: argparse.Namespace) -> serving.HttpLimits:
@@ -291,6 +306,8 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,
         drain_timeout_s=args.drain_timeout,
+        allowed_hosts=tuple(args.allowed_hosts),
+        allowed_origins=tuple(args.allowed_origins),
     )
     toolsets = [load_toolset(spec) for spec in args.toolsets]
     await serving.serve(environments, host=args.host, port=args.port, http_port=args.http_port,
@@ -303,6 +320,7 @@ async def _bridge(args: argparse.Namespace) -> None:
         max_message_bytes=args.max_message_bytes, max_body_bytes=args.max_body_bytes,
         tls_cert=args.tls_cert, tls_key=args.tls_key,
         backend_tls_root_cert=args.backend_tls_root_cert, backend_tls_server_name=args.backend_tls_server_name,
+        allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
     )
     http_port = args.http_port if args.http_port is not None or args.mcp_port is not None else DEFAULT_BRIDGE_HTTP_PORT
     await serving.bridge(args.backend, host=args.host, http_port=http_port, mcp_port=args.mcp_port,

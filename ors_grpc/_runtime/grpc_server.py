@@ -94,6 +94,12 @@ class ServerConfig:
     setup_wait_s: float = DEFAULT_SETUP_WAIT_S
     #: Seconds a draining server serves the episodes it holds before ending them.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: `Host` values the HTTP and MCP doors serve beyond loopback's (NAME,
+    #: NAME:PORT or NAME:*; see `ors_grpc.protocol.browser_policy`).
+    allowed_hosts: tuple[str, ...] = ()
+    #: Origins of web pages served elsewhere that may use those doors
+    #: (SCHEME://NAME[:PORT] or SCHEME://NAME:*); they get CORS answers.
+    allowed_origins: tuple[str, ...] = ()
 
 
 class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -232,6 +232,17 @@ def test_a_missing_backend_root_certificate_is_one_line(tmp_path: Path) -> None:
     assert_startup_error(result, f"--backend-tls-root-cert {missing}: No such file or directory")
 
 
+# Allowed hosts and origins ---------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0", "--http-port", "0"],
+                                     ["bridge", "--backend", "127.0.0.1:50051", "--http-port", "0"]])
+@pytest.mark.parametrize("option, value", [("--allowed-origin", "*"), ("--allowed-origin", "null"),
+                                           ("--allowed-host", "*"), ("--allowed-host", "http://x.example")])
+def test_a_wildcard_or_malformed_allowed_host_or_origin_is_one_line(command: list[str], option: str, value: str) -> None:
+    assert_startup_error(run_cli(*command, option, value), f"{option} {value!r}: expected")
+
+
 # Options, help, startup lines ------------------------------------------------
 
 
