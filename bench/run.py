@@ -20,103 +20,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.servers import ServerProcess, ours_server, reference_server, run_load
+from bench.doors import MIB, DoorResult, measure_door, median_round, server_for, start_or_skip, target_of
+from bench.servers import run_load
 from bench.stats import fmt_ms
 
 DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads")
 OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw", "mcp")
-#: Door name suffixes that pin where the environment's sync code runs, and
-#: the value of ORS_BENCH_SYNC_CODE (read by bench/env.py) that pins it.
-SYNC_CODE_SUFFIXES = {"-threads": "threads", "-on-loop": "loop"}
-MIB = 1024 * 1024
-
-
-@dataclass
-class DoorResult:
-    """Everything measured on one door; ``skipped`` says why nothing was."""
-
-    door: str
-    load: dict | None = None
-    image: dict | None = None
-    skipped: str | None = None
-    #: Episodes/s of every round; `load` is the median round's.
-    rounds: list[float] = field(default_factory=list)
-
-
+#: The doors ``--against`` compares by default: the HTTP bridge and the gRPC door through our client.
+AGAINST_DOORS = ("bridge", "grpc")
 @dataclass
 class MemoryResult:
     label: str
     rss: dict[int, int] = field(default_factory=dict)  # open sessions -> bytes
     open_seconds: float = 0.0
     skipped: str | None = None
-
-
-def server_for(door: str, args: argparse.Namespace) -> tuple[ServerProcess, set[str]]:
-    """A not yet started server for ``door`` and the ports it must print."""
-    if door == "reference":
-        return reference_server(quiet=args.quiet_reference), {"HTTP"}
-    if door == "mcp":
-        return ours_server(http=False, mcp=True), {"gRPC", "MCP"}
-    server = ours_server(http=door.startswith("bridge"))
-    for suffix, sync_code in SYNC_CODE_SUFFIXES.items():
-        if door.endswith(suffix):
-            server.extra_env["ORS_BENCH_SYNC_CODE"] = sync_code
-    return server, {"gRPC", "HTTP"} if door.startswith("bridge") else {"gRPC"}
-
-
-def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
-    """(load-generator door kind, target address) of a started server."""
-    for suffix in SYNC_CODE_SUFFIXES:
-        door = door.removesuffix(suffix)
-    if door in ("grpc", "grpc-raw"):
-        return door, f"127.0.0.1:{server.ports['gRPC']}"
-    if door == "mcp":
-        return "mcp", f"http://127.0.0.1:{server.ports['MCP']}"
-    return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
-
-
-def start_or_skip(server: ServerProcess, ports: set[str]) -> str | None:
-    """Starts `server`; why it could not (the row is then skipped), else None."""
-    try:
-        server.start(ports)
-    except (RuntimeError, OSError) as exc:
-        return str(exc).splitlines()[0][:200]
-    return None
-
-
-def measure_door(door: str, args: argparse.Namespace, with_image: bool) -> DoorResult:
-    """Closed-loop episodes, then (`with_image`) the large image, on one fresh server."""
-    result = DoorResult(door)
-    server, ports = server_for(door, args)
-    server.extra_env["ORS_BENCH_IMAGE_BYTES"] = str(int(args.image_mib * MIB))
-    result.skipped = start_or_skip(server, ports)
-    if result.skipped:
-        return result
-    with server:
-        kind, target = target_of(door, server)
-        timeout = args.warmup + args.duration + 120
-        cpu_before, wall_before = server.cpu_seconds(), time.perf_counter()
-        result.load = run_load(kind, target, "episodes", timeout, workers=args.workers,
-                               warmup=args.warmup, duration=args.duration)
-        result.load["server_cpu"] = (server.cpu_seconds() - cpu_before) / (time.perf_counter() - wall_before)
-        if with_image and args.image_calls:
-            result.image = run_load(kind, target, "image", 300, count=args.image_calls)
-    return result
-
-
-def episodes_per_second(result: DoorResult) -> float:
-    return result.load["episodes"] / result.load["seconds"]
-
-
-def median_round(rounds: list[DoorResult]) -> DoorResult:
-    """The round with the median episodes/s (the image figures of the first round)."""
-    measured = sorted((r for r in rounds if not r.skipped), key=episodes_per_second)
-    if not measured:
-        return rounds[0]
-    median = measured[(len(measured) - 1) // 2]
-    median.image = rounds[0].image
-    median.rounds = [episodes_per_second(r) for r in rounds if not r.skipped]
-    return median
 
 
 def measure_doors(args: argparse.Namespace) -> dict[str, DoorResult]:
@@ -244,7 +161,7 @@ def uvicorn_impls() -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--doors", default=",".join(DOORS),
+    parser.add_argument("--doors", default=None,
                         help="comma-separated, from: " + ", ".join(DOORS + OPTIONAL_DOORS))
     parser.add_argument("--door", choices=OPTIONAL_DOORS + DOORS[1:], default=None,
                         help="measure this door next to the HTTP bridge only (e.g. mcp: MCP episodes/s beside "
@@ -260,6 +177,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="idle session counts for the memory figures, empty to skip (1000,10000)")
     parser.add_argument("--quiet-reference", action="store_true",
                         help="run the reference with ORS_LOG_LEVEL=WARNING instead of its INFO default")
+    parser.add_argument("--against", metavar="REV",
+                        help="instead: this checkout's server against commit REV's (checked out into a temporary"
+                             " git worktree), interleaved rounds of the bridge and gRPC doors (--doors, where"
+                             " reference is also allowed), and the ratios (bench/against.py)")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     parser.add_argument("--scaleout", action="store_true",
                         help="instead: the same workload against 1 and 2 backends behind nginx (bench/scaleout.py)")
@@ -279,6 +200,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.door is not None:  # one door next to the HTTP bridge, closed loop and image only
         args.doors, args.sessions = f"bridge,{args.door}", ""
+    if args.doors is None:
+        args.doors = ",".join(AGAINST_DOORS if args.against else DOORS)
     args.doors = [d for d in args.doors.split(",") if d]
     unknown = set(args.doors) - set(DOORS + OPTIONAL_DOORS)
     if unknown:
@@ -292,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.setup_seconds is not None:
         from bench.warm import run
+        return run(args)
+    if args.against:
+        from bench.against import run
         return run(args)
     print_header(args)
     if args.scaleout:

@@ -26,6 +26,8 @@ class ServerProcess:
         self.name = name
         self.argv = argv
         self.extra_env = extra_env or {}
+        #: Where the process runs (another checkout's tree serves that checkout's code).
+        self.cwd = REPO_ROOT
         self.ports: dict[str, int] = {}
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
@@ -34,7 +36,7 @@ class ServerProcess:
         """Start the process and wait until it has printed a port for every door in ``want``."""
         env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            self.argv, cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            self.argv, cwd=self.cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout

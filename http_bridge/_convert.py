@@ -515,6 +515,10 @@ def score_group_request(
 # --------------------------------------------------------------------------
 
 
+#: JSON text of a str, as `json.dumps(..., ensure_ascii=False)` writes it.
+_encode_string = json.encoder.encode_basestring
+
+
 class Raw(str):
     """JSON text to splice into output as is."""
 
@@ -549,6 +553,11 @@ def _dump(value: Any, parts: list[str]) -> None:
 
 
 def _scalar(value: Any) -> str:
+    kind = type(value)
+    if kind is str:  # most scalars: keys, texts, names (json.dumps's own escaping, without its set-up)
+        return _encode_string(value)
+    if kind is bool or value is None:
+        return "true" if value is True else "false" if value is False else "null"
     return json_text.dumps(value)
 
 

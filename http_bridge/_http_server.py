@@ -136,7 +136,7 @@ class _HeadBoundParser:
     def feed_data(self, data: bytes) -> Any:
         if self._refused:
             return [], False, b""
-        if self._body is None or self._body.is_eof():
+        if (self._body is None or self._body.is_eof()) and not self._whole_head_within_limits(data):
             self._count_head(data)
         messages, upgraded, tail = self._parser.feed_data(data)
         if messages:
@@ -144,6 +144,17 @@ class _HeadBoundParser:
             self._tail = b""
             self._body = messages[-1][1]
         return messages, upgraded, tail
+
+    def _whole_head_within_limits(self, data: bytes) -> bool:
+        """The common read: a whole head, from its first byte, within both
+        limits. Nothing to carry over (the parser answers it at once), so
+        `_count_head`'s line-by-line accounting is skipped."""
+        if not data:  # (aiohttp feeds an empty read after each answer)
+            return True
+        if self._head_bytes or self._tail:
+            return False
+        end = data.find(b"\r\n\r\n", 0, self._max_head_bytes + 1)
+        return end > 0 and data.count(b"\n", 0, end) < self._max_lines
 
     def _count_head(self, data: bytes) -> None:
         window = self._tail + data

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -110,6 +111,7 @@ async def serve(
                 ))
                 runners.append(mcp_door)
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
+            _freeze_startup_objects()
             _announce_doors(host, bound_port, bound_http_port, bound_metrics_port, mcp_port=bound_mcp_port,
                             scheme=_scheme(ssl_context), serving=_serving_line(names))
             await _until_drained_or_stopped(server.drain, signals)
@@ -212,6 +214,7 @@ async def bridge(
             runners.append(mcp_door)
         with _stop_signals() as stop:
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
+            _freeze_startup_objects()
             _announce_doors(host, None, bound_http_port, bound_metrics_port, mcp_port=bound_mcp_port,
                             scheme=_scheme(ssl_context), serving=f"bridging onto gRPC backend {backend}")
             await stop.wait()
@@ -285,6 +288,15 @@ def _stop_signals() -> Iterator[asyncio.Event]:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+def _freeze_startup_objects() -> None:
+    """What is alive once the doors are bound (modules, classes, the servers)
+    lives as long as the process: out of the garbage collector's sight
+    (`gc.freeze`), its full collections, which the traffic's garbage
+    triggers, no longer walk those tens of thousands of objects each time."""
+    gc.collect()
+    gc.freeze()
 
 
 def _local_target(host: str, port: int) -> str:

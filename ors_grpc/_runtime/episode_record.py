@@ -75,15 +75,19 @@ class RecordedCall:
 class EpisodeRecorder:
     """The record of one episode, filled in as its calls start and end."""
 
-    __slots__ = ("env_name", "task_json", "toolset_name", "created_at", "_redact", "_calls", "_started",
+    __slots__ = ("env_name", "task_json", "toolset_name", "created_at", "_redact", "_masking", "_calls", "_started",
                  "_reward_sum", "_last_reward", "_finished")
 
-    def __init__(self, env_name: str, task_spec: Any, toolset_name: Optional[str], redact: Callable[[str], str]):
+    def __init__(self, env_name: str, task_spec: Any, toolset_name: Optional[str], redact: Callable[[str], str],
+                 *, masking: bool = True):
+        """`masking=False`: the episode has no secrets (`redact` changes
+        nothing), so inputs are written down without a walk through them."""
         self.env_name = env_name
         self.task_json = json_text.dumps(task_spec)
         self.toolset_name = toolset_name
         self.created_at = time.time()
         self._redact = redact
+        self._masking = masking
         self._calls: list[RecordedCall] = []
         self._started = 0
         self._reward_sum = 0.0
@@ -92,9 +96,11 @@ class EpisodeRecorder:
 
     def call_started(self, name: str, tool_input: Any) -> RecordedCall:
         """A new call's entry (kept in the record while under the cap)."""
-        text = json_text.dumps(_masked(tool_input, self._redact))
-        size = len(text.encode("utf-8", errors="surrogatepass"))
-        call = RecordedCall(self._redact(name), text if size <= MAX_RECORDED_INPUT_BYTES else None, size)
+        if self._masking:
+            tool_input, name = _masked(tool_input, self._redact), self._redact(name)
+        text = json_text.dumps(tool_input)
+        size = len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
+        call = RecordedCall(name, text if size <= MAX_RECORDED_INPUT_BYTES else None, size)
         self._started += 1
         if len(self._calls) < MAX_RECORDED_CALLS:
             self._calls.append(call)

@@ -189,7 +189,8 @@ class SessionTable:
         """A new session whose construction (with its session toolset's,
         `toolset_cls`) and setup run in the background."""
         redact = redactor(secrets.values())
-        record = EpisodeRecorder(env_cls.name().lower(), task_spec, toolset_name, redact)
+        record = EpisodeRecorder(env_cls.name().lower(), task_spec, toolset_name, redact,
+                                 masking=redact is not _no_secrets)
         exclusive = class_has_exclusive_tools(env_cls) or (
             toolset_cls is not None and class_has_exclusive_tools(toolset_cls)
         )

@@ -18,7 +18,6 @@ tool have).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 import time
@@ -240,7 +239,7 @@ class SessionToolCalls:
             message = None
         if record is not None and call is not None:
             record.call_returned(call, outcome.result, message.ByteSize() if message is not None else 0)
-        return dataclasses.replace(outcome, message=message)
+        return CallOutcome(outcome.result, outcome.failure, message)  # (dataclasses.replace costs 4x as much)
 
     async def _run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""

@@ -85,14 +85,58 @@ def check(value: Any, field: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     raise JsonLimitError(f"{_where(field, path)}: {problem}")
 
 
+class _NonFinite(ValueError):
+    """Raised by the parser's hooks at a number JSON cannot write."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf or nan: a literal too large for a float (1e999)
+        raise _NonFinite(text)
+    return value
+
+
+#: A parser that refuses what JSON cannot write, made once (`json.loads` with hooks makes one per call).
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _parse(text: str | bytes) -> Any:
+    """`json.loads(text)` (bytes in any UTF of JSON, a BOM refused alike), through `_DECODER`."""
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    elif not isinstance(text, str) or text.startswith("\ufeff"):
+        return json.loads(text)  # its errors (a BOM, not text)
+    return _DECODER.decode(text)
+
+
+def _may_nest_deeper(text: str | bytes, max_depth: int) -> bool:
+    """Whether `text` holds more than `max_depth` brackets that open (inside
+    strings too): only then can it nest deeper, and the value is walked."""
+    if isinstance(text, str):
+        return text.count("[") + text.count("{") > max_depth
+    return text.count(b"[") + text.count(b"{") > max_depth
+
+
 def loads(text: str | bytes, field: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse JSON text that must keep the rules: ValueError when it is not
-    JSON, JsonLimitError (a ValueError) when it breaks a rule, naming `field`."""
+    JSON, JsonLimitError (a ValueError) when it breaks a rule, naming `field`.
+
+    The parser itself refuses non-finite numbers (its hooks), and the value
+    is walked for its depth only when the text has enough brackets to nest
+    that deep: most texts cost one parse and two counts."""
     try:
-        value = json.loads(text)
+        value = _parse(text)
     except RecursionError:  # deeper than the parser's recursion limit, so far over ours
         raise JsonLimitError(f"{field}: {_TOO_DEEP}") from None
-    return check(value, field, max_depth)
+    except _NonFinite:  # parsed again as Python reads it, for the path to the number
+        return check(json.loads(text), field, max_depth)
+    if _may_nest_deeper(text, max_depth):
+        return check(value, field, max_depth)
+    return value
 
 
 def jsonable(value: Any) -> Any:
@@ -109,13 +153,17 @@ def jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+#: `dumps`'s encoder, made once (`json.dumps` with options makes one per call).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False)
+
+
 def dumps(value: Any, field: str = "the value") -> str:
     """Compact JSON text of a user value, lossless for JSON-shaped data
     (big integers, `1.0` vs `1`, key order and unicode kept); JsonLimitError
     naming `field` when it breaks a rule (NaN is refused by the encoder, the
     depth checked on what it writes)."""
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False)
+        text = _ENCODER.encode(value)
     except RecursionError:
         raise JsonLimitError(f"{field}: {_TOO_DEEP}") from None
     except ValueError as exc:

@@ -39,3 +39,22 @@ def test_bench_setup_seconds_mode_runs_both_loops_briefly():
         assert any(line.startswith(row) and len(line.split()) == 6 for line in lines), (row, done.stdout)
     assert any(line.startswith("batch-loop ratio (cold / prepared, 2 batches): ") for line in lines), done.stdout
     assert any(line.startswith("per-batch ratio from batch 2 on (median): ") for line in lines), done.stdout
+
+
+def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_checkout():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--against", "HEAD", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+         "--rounds", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = done.stdout
+    assert "skipped" not in report and "first error" not in report, report
+    rows = [line.split()[:2] for line in report.split("## Closed loop")[1].splitlines()[2:6]]
+    assert rows == [["bridge", "HEAD"], ["bridge", "this"], ["grpc", "HEAD"], ["grpc", "this"]], report
+    ratios = report.split("episodes/s of this over HEAD")[1].splitlines()[1:3]
+    assert [line.split()[0] for line in ratios] == ["bridge", "grpc"], report
+    checkout = report.split("(checked out in ")[1].split(")")[0]
+    assert not Path(checkout).exists(), report
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert checkout not in worktrees, worktrees

@@ -142,6 +142,18 @@ async def test_user_json_one_level_over_the_limit_is_400_naming_the_field_and_at
 
 
 @pytest.mark.parametrize("door_index", [0, 1], ids=["serve", "bridge"])
+async def test_brackets_inside_strings_are_text_not_nesting(doors: Doors, door_index: int) -> None:
+    brackets = "[{" * (2 * MAX_JSON_DEPTH)
+    async with aiohttp.ClientSession(doors.http[door_index].http_url) as http:
+        sid = await _http_session(http)
+        body = json.dumps({"name": "echo_tag", "input": {brackets: brackets}})
+        async with http.post(f"/{ENV}/call", data=body,
+                             headers={"Content-Type": "application/json", "X-Session-ID": sid}) as response:
+            assert response.status == 200
+            assert '"ok":true' in await response.text()
+
+
+@pytest.mark.parametrize("door_index", [0, 1], ids=["serve", "bridge"])
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
 async def test_non_finite_numbers_are_400_on_every_route(doors: Doors, door_index: int, number: str) -> None:
     async with aiohttp.ClientSession(doors.http[door_index].http_url) as http:
