@@ -39,3 +39,26 @@ def test_bench_setup_seconds_mode_runs_both_loops_briefly():
         assert any(line.startswith(row) and len(line.split()) == 6 for line in lines), (row, done.stdout)
     assert any(line.startswith("batch-loop ratio (cold / prepared, 2 batches): ") for line in lines), done.stdout
     assert any(line.startswith("per-batch ratio from batch 2 on (median): ") for line in lines), done.stdout
+
+
+def test_bench_placements_mode_prints_every_row_measured_or_why_not():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--placements", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+         "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "## Where environments' code runs" in done.stdout, done.stdout
+    lines = done.stdout.splitlines()
+    for workload in ("trivial", "cpu-sync", "cpu-async"):
+        for placement in ("in-process", "--workers 1", "--workers 2", "--isolation episode"):
+            prefix = f"{workload:<10} {placement:<20} "
+            row = next((line for line in lines if line.startswith(prefix)), None)
+            assert row is not None, (workload, placement, done.stdout)
+            rest = row[len(prefix):]
+            if placement == "in-process" or not rest.startswith("not available: "):
+                # Measured: episodes/s ... errors (0) ... procs, and the USS column.
+                fields = rest.split()
+                assert len(fields) == 10 and float(fields[0]) > 0 and fields[6] == "0", row
+            else:
+                assert "error" in rest and "did not start" not in rest, row  # serve's own one-line error
