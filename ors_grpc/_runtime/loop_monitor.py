@@ -7,8 +7,11 @@ growing (a heartbeat sent from the loop itself would just stop). A worker
 process reports `lag_s()` and `max_lag_s` in its heartbeat; in-process, the
 server's monitor logs one WARNING per stall over `STALL_WARNING_S`, naming
 the environment and the function (a tool, `setup`, `get_prompt`,
-`list_tasks`...) that holds the loop (`user_code.user_code_running_in`), while
-the stall lasts, and one INFO line with its length when it ends.
+`list_tasks`...) that holds the loop (`user_code.user_code_call_in`), while
+the stall lasts, and one INFO line with its length when it ends. The culprit
+must be seen running in two looks in a row (`PROBE_INTERVAL_S` apart), the
+same call both times: a loop merely busy with many quick calls (load) never
+shows one call twice, and such a stall is an INFO line only.
 
 The thread needs the GIL to look: code that blocks while holding it (a C
 extension that never lets go) is seen only once it ends. Load alone makes a
@@ -25,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ors_grpc._runtime.user_code import user_code_running_in
+from ors_grpc._runtime.user_code import user_code_call_in
 
 __all__ = ["PROBE_INTERVAL_S", "STALL_WARNING_S", "LoopMonitor", "describe_user_code", "monitor_loop"]
 
@@ -60,9 +63,10 @@ def describe_user_code(fn: Optional[Callable[..., Any]]) -> tuple[str, str]:
 class LoopMonitor:
     """Measures `loop`'s lag from a daemon thread (`start`, `stop`).
 
-    `on_stall(lag_s, holder)` is called (in the monitor's thread) once per
-    stall, when an unanswered probe passes `stall_s`; `holder` is the user
-    function running on the loop then, or None.
+    `on_stall(lag_s, holder)` is called (in the monitor's thread) at most
+    once per stall: once an unanswered probe has waited `stall_s`, as soon as
+    one user call is seen holding the loop in two looks in a row; `holder` is
+    its user function.
     """
 
     def __init__(
@@ -71,7 +75,7 @@ class LoopMonitor:
         *,
         interval_s: float = PROBE_INTERVAL_S,
         stall_s: float = STALL_WARNING_S,
-        on_stall: Optional[Callable[[float, Optional[Callable[..., Any]]], None]] = None,
+        on_stall: Optional[Callable[[float, Callable[..., Any]], None]] = None,
     ) -> None:
         self.loop = loop
         self.interval_s = interval_s
@@ -97,10 +101,10 @@ class LoopMonitor:
         peak, self.max_lag_s = max(self.max_lag_s, self.lag_s()), 0.0
         return peak
 
-    def holder(self) -> Optional[Callable[..., Any]]:
-        """The user function running on the loop now (None: none, or not known yet)."""
+    def _user_call(self) -> Optional[tuple[Any, Callable[..., Any]]]:
+        """(frame, function) of the user call running on the loop now, or None."""
         thread_id = self._loop_thread_id
-        return None if thread_id is None else user_code_running_in(thread_id)
+        return None if thread_id is None else user_code_call_in(thread_id)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ors-loop-monitor", daemon=True)
@@ -122,7 +126,8 @@ class LoopMonitor:
                 self.loop.call_soon_threadsafe(self._answer)
             except RuntimeError:  # the loop is closed
                 return
-            stalled = False
+            stalled = reported = False
+            seen = None  # the user call seen holding the loop at the last look
             while not self._answered.wait(self.interval_s):
                 if self.loop.is_closed():
                     return
@@ -131,23 +136,26 @@ class LoopMonitor:
                     continue
                 lag = time.monotonic() - sent
                 self.max_lag_s = max(self.max_lag_s, lag)
-                if not stalled and lag >= self.stall_s:
+                if reported or lag < self.stall_s - self.interval_s:  # the first look a probe before
+                    continue
+                call = self._user_call()
+                if lag >= self.stall_s:
                     stalled = True
-                    if self.on_stall is not None:
-                        self.on_stall(lag, self.holder())
+                    if call is not None and seen is not None and call[0] is seen[0]:
+                        reported = True
+                        if self.on_stall is not None:
+                            self.on_stall(lag, call[1])
+                seen = call
             self._last_lag_s = lag = time.monotonic() - sent
             self._sent = None
             self.max_lag_s = max(self.max_lag_s, lag)
             if stalled and not self._stopped.is_set():
-                logger.info("event_loop_stall_ended seconds=%.2f", lag)
+                logger.info("event_loop_stall_ended seconds=%.2f%s", lag,
+                            "" if reported else " (no one call of environment code held it throughout)")
             self._stopped.wait(self.interval_s)
 
 
-def _warn_stall(lag_s: float, holder: Optional[Callable[..., Any]]) -> None:
-    if holder is None:
-        logger.warning("event_loop_stalled seconds=%.1f environment=- function=- "
-                       "(not in an environment's code; still blocked)", lag_s)
-        return
+def _warn_stall(lag_s: float, holder: Callable[..., Any]) -> None:
     environment, function = describe_user_code(holder)
     logger.warning(
         "event_loop_stalled seconds=%.1f environment=%s function=%s (still blocked: every episode of this "

@@ -28,7 +28,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread", "user_code_running_in"]
+__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread", "user_code_call_in"]
 
 logger = logging.getLogger("ors_grpc.user_code")
 
@@ -190,18 +190,19 @@ async def run_user_code(
     return result
 
 
-def user_code_running_in(thread_id: int) -> Callable[..., Any] | None:
-    """The user function a `run_user_code` call is running in thread
-    `thread_id` (the event loop's) at this instant, as seen from another
-    thread: the `fn` of the innermost `run_user_code` frame on its stack.
-    That is sync code on the loop, or a step of an `async def` (a resumed
-    coroutine is on the stack of whoever resumed it); code in a worker thread
-    is not (its caller is suspended). None when it runs none (our own code).
-    Read off the stack, so the hot path pays nothing for it."""
+def user_code_call_in(thread_id: int) -> tuple[Any, Callable[..., Any]] | None:
+    """The `run_user_code` call running in thread `thread_id` (the event
+    loop's) at this instant, seen from another thread: (its frame, which is
+    the call's identity while it lives, and its user function `fn`), from the
+    innermost `run_user_code` frame on the thread's stack. That is sync code
+    on the loop, or a step of an `async def` (a resumed coroutine is on the
+    stack of whoever resumed it); code in a worker thread is not (its caller
+    is suspended). None when the thread runs no user code (our own code).
+    Read off the stack, so the call path pays nothing for it."""
     frame = sys._current_frames().get(thread_id)
     while frame is not None:
         if frame.f_code is _RUN_USER_CODE:
-            return frame.f_locals.get("fn")
+            return frame, frame.f_locals.get("fn")
         frame = frame.f_back
     return None
 

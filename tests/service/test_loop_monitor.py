@@ -2,7 +2,7 @@
 monitor (ors_grpc/_runtime/loop_monitor.py) logs one WARNING per stall over
 a second, naming the environment and the function holding the loop, whether
 it is sync code on the loop or an `async def` that blocks; quick code is
-never reported."""
+never reported. No timing is asserted beyond "a 2 s block is reported"."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._runtime.loop_monitor import describe_user_code
 from tests.support.grpc_calls import call_tool, create_episode, serving
 
-BLOCK_S = 1.5
+BLOCK_S = 2.0
 MONITOR = "ors_grpc.loop_monitor"
 
 
