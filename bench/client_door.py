@@ -29,8 +29,10 @@ class ClientDoor:
     async def __aexit__(self, *exc) -> None:
         await self.client.close()
 
-    async def episode(self, on_tool_call: Callable[[float], None]) -> None:
+    async def episode(self, on_tool_call: Callable[[float], None], on_create: Callable[[float], None]) -> None:
+        start = time.perf_counter()
         async with self.env.session(task={"target": 10}) as session:
+            on_create(time.perf_counter() - start)
             prompt = await session.get_prompt()
             assert prompt and prompt[0].type == "text", prompt
             for n in (1, 2, 3, 4):

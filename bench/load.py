@@ -41,16 +41,19 @@ def make_door(kind: str, target: str):
     return GrpcDoor(target)
 
 
-async def run_episode(door, on_tool_call: Callable[[float], None]) -> None:
+async def run_episode(door, on_tool_call: Callable[[float], None], on_create: Callable[[float], None]) -> None:
     """Session id, create, prompt, 4 steps, a final submit, delete, delete session.
 
-    ``on_tool_call`` receives each tool call's latency in seconds. Doors with
-    their own episode (the client's session context manager) run that.
+    ``on_tool_call`` receives each tool call's latency in seconds, ``on_create``
+    the creation's. Doors with their own episode (the client's session context
+    manager) run that.
     """
     if hasattr(door, "episode"):
-        return await door.episode(on_tool_call)
+        return await door.episode(on_tool_call, on_create)
     sid = await door.new_session_id()
+    start = time.perf_counter()
     await door.open_episode(sid, 10)
+    on_create(time.perf_counter() - start)
     for n in (1, 2, 3, 4):
         start = time.perf_counter()
         await door.call_tool(sid, "step", {"n": n})
@@ -79,6 +82,7 @@ async def episodes(door, workers: int, warmup: float, duration: float) -> dict:
     window_start = time.perf_counter() + warmup
     window_end = window_start + duration
     latencies: list[float] = []
+    creations: list[float] = []
     completed = 0
     errors = Errors()
 
@@ -86,11 +90,15 @@ async def episodes(door, workers: int, warmup: float, duration: float) -> dict:
         if window_start <= time.perf_counter() <= window_end:
             latencies.append(latency)
 
+    def on_create(latency: float) -> None:
+        if window_start <= time.perf_counter() <= window_end:
+            creations.append(latency)
+
     async def worker() -> None:
         nonlocal completed
         while time.perf_counter() < window_end:
             try:
-                await run_episode(door, on_tool_call)
+                await run_episode(door, on_tool_call, on_create)
             except Exception as exc:  # keep loading; the report shows the errors
                 errors.add(exc)
                 await asyncio.sleep(0.01)
@@ -100,7 +108,7 @@ async def episodes(door, workers: int, warmup: float, duration: float) -> dict:
 
     await asyncio.gather(*(worker() for _ in range(workers)))
     return {"episodes": completed, "seconds": duration, "tool_calls": latency_summary(latencies),
-            "errors": errors.count, "first_error": errors.first}
+            "creates": latency_summary(creations), "errors": errors.count, "first_error": errors.first}
 
 
 async def sessions(door, workers: int, count: int) -> dict:

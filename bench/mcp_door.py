@@ -67,8 +67,10 @@ class McpDoor(PooledHttp):
         async with self.http.delete(url, headers=session) as resp:
             await resp.read()
 
-    async def episode(self, on_tool_call: Callable[[float], None]) -> None:
+    async def episode(self, on_tool_call: Callable[[float], None], on_create: Callable[[float], None]) -> None:
+        start = time.perf_counter()
         url, session = await self._open(10)
+        on_create(time.perf_counter() - start)
         for n in (1, 2, 3, 4):
             start = time.perf_counter()
             await self._call(url, session, n, "step", {"n": n})

@@ -192,6 +192,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--envoy", action="store_true",
                         help="instead: Envoy's added latency and episodes/s through it with 1 and 3 backends"
                              " (bench/envoy.py)")
+    parser.add_argument("--placements", action="store_true",
+                        help="instead: in-process, --workers 1, --workers 2 and --isolation episode, on the trivial"
+                             " and a CPU-heavy environment, through the gRPC door (bench/placements.py)")
+    parser.add_argument("--placement-workloads", default="trivial,cpu-sync,cpu-async",
+                        help="workloads of --placements (trivial,cpu-sync,cpu-async)")
     parser.add_argument("--setup-seconds", type=float, default=None, metavar="S",
                         help="instead: a trainer's batch loop over episodes whose setup takes S seconds,"
                              " with and without preparing the next batch (warm episodes; bench/warm.py)")
@@ -207,6 +212,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown doors: {', '.join(sorted(unknown))}")
     args.sessions = sorted(int(c) for c in args.sessions.split(",") if c)
+    args.placement_workloads = [w for w in args.placement_workloads.split(",") if w]
+    from bench.placements import WORKLOADS
+    unknown = set(args.placement_workloads) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
     args.scaleout_backends = sorted(int(c) for c in args.scaleout_backends.split(",") if c)
     return args
 
@@ -225,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.envoy:
         from bench.envoy import run
+        return run(args)
+    if args.placements:
+        from bench.placements import run
         return run(args)
     results = measure_doors(args)
     print_load_table(results, args)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"(gRPC|HTTP|MCP) listening on 127\.0\.0\.1:(\d+)")
@@ -42,8 +43,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while not want <= self.ports.keys():
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.tail()  # before `stop` removes the log
                 self.stop()
-                raise RuntimeError(f"{self.name} did not start: {self.tail()}")
+                raise RuntimeError(f"{self.name} did not start: {tail}")
             time.sleep(0.05)
             for door, port in _LISTENING.findall(self.output()):
                 self.ports[door] = int(port)
@@ -95,9 +97,11 @@ def reference_server(quiet: bool = False) -> ServerProcess:
     return ServerProcess("reference", [sys.executable, "-m", "bench.ref_server"], extra)
 
 
-def ours_server(http: bool, environment: str = "bench.env:BenchEnv", mcp: bool = False) -> ServerProcess:
-    """``ors-grpc serve bench.env:BenchEnv`` (or `environment`) with or without the HTTP bridge (and the MCP door)."""
-    args = ["serve", environment, "--port", "0"]
+def ours_server(http: bool, environment: str = "bench.env:BenchEnv", mcp: bool = False,
+                serve_args: Sequence[str] = ()) -> ServerProcess:
+    """``ors-grpc serve bench.env:BenchEnv`` (or `environment`) with or without the HTTP bridge (and the MCP
+    door), and `serve_args` besides."""
+    args = ["serve", environment, "--port", "0", *serve_args]
     if http:
         args += ["--http-port", "0"]
     if mcp:

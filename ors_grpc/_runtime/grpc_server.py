@@ -28,6 +28,7 @@ from ors_grpc.protocol.errors import ORSError, abort
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
+from ors_grpc._runtime.loop_monitor import monitor_loop
 from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc.protocol.constants import (
@@ -316,9 +317,11 @@ async def create_server(
         raise OSError(errno.EADDRINUSE, "address in use, or not an address of this host", address)
     await server.start()
     sessions.start()
+    # In-process, environments' code shares this loop: name the code that blocks it.
+    stop_loop_monitor = monitor_loop(asyncio.get_running_loop())
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, sessions, health_servicer, in_process, drain), port
+    return RunningServer(server, sessions, health_servicer, in_process, drain, stop_loop_monitor), port
 
 
 class RunningServer:
@@ -330,7 +333,7 @@ class RunningServer:
 
     def __init__(
         self, grpc_server: grpc.aio.Server, sessions: SessionTable, health_servicer: Any,
-        in_process_channel: InProcessChannel, drain: Drain,
+        in_process_channel: InProcessChannel, drain: Drain, stop_loop_monitor: Callable[[], None] = lambda: None,
     ) -> None:
         self.grpc_server = grpc_server
         self.sessions = sessions
@@ -341,6 +344,7 @@ class RunningServer:
         self.in_process_channel = in_process_channel
         #: Its drain (`drain.begin()`, then `await drain.until_done()`, then `stop`).
         self.drain = drain
+        self._stop_loop_monitor = stop_loop_monitor
 
     async def stop(self, grace: float | None) -> None:
         await self.health.enter_graceful_shutdown()
@@ -348,6 +352,7 @@ class RunningServer:
         # grace as calls over the network.
         await asyncio.gather(self.grpc_server.stop(grace), self.in_process_channel.drain(grace))
         await self.sessions.close()
+        self._stop_loop_monitor()
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         return await self.grpc_server.wait_for_termination(timeout)

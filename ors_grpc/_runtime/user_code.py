@@ -21,13 +21,14 @@ import functools
 import gc
 import inspect
 import logging
+import sys
 import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread"]
+__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread", "user_code_call_in"]
 
 logger = logging.getLogger("ors_grpc.user_code")
 
@@ -189,6 +190,23 @@ async def run_user_code(
     return result
 
 
+def user_code_call_in(thread_id: int) -> tuple[Any, Callable[..., Any]] | None:
+    """The `run_user_code` call running in thread `thread_id` (the event
+    loop's) at this instant, seen from another thread: (its frame, which is
+    the call's identity while it lives, and its user function `fn`), from the
+    innermost `run_user_code` frame on the thread's stack. That is sync code
+    on the loop, or a step of an `async def` (a resumed coroutine is on the
+    stack of whoever resumed it); code in a worker thread is not (its caller
+    is suspended). None when the thread runs no user code (our own code).
+    Read off the stack, so the call path pays nothing for it."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code is _RUN_USER_CODE:
+            return frame, frame.f_locals.get("fn")
+        frame = frame.f_back
+    return None
+
+
 def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -> Any:
     started, gc_before = time.perf_counter(), _gc_clock.seconds
     try:
@@ -224,6 +242,9 @@ def _counted(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
     finally:
         with _busy_lock:
             _busy_threads -= 1
+
+
+_RUN_USER_CODE = run_user_code.__code__
 
 
 def busy_user_code_threads() -> int:

@@ -58,3 +58,26 @@ def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_ch
     assert not Path(checkout).exists(), report
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
     assert checkout not in worktrees, worktrees
+
+
+def test_bench_placements_mode_prints_every_row_measured_or_why_not():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--placements", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+         "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "## Where environments' code runs" in done.stdout, done.stdout
+    lines = done.stdout.splitlines()
+    for workload in ("trivial", "cpu-sync", "cpu-async"):
+        for placement in ("in-process", "--workers 1", "--workers 2", "--isolation episode"):
+            prefix = f"{workload:<10} {placement:<20} "
+            row = next((line for line in lines if line.startswith(prefix)), None)
+            assert row is not None, (workload, placement, done.stdout)
+            rest = row[len(prefix):]
+            if placement == "in-process" or not rest.startswith("not available: "):
+                # Measured: episodes/s ... errors (0) ... procs, and the USS column.
+                fields = rest.split()
+                assert len(fields) == 10 and float(fields[0]) > 0 and fields[6] == "0", row
+            else:
+                assert "error" in rest and "did not start" not in rest, row  # serve's own one-line error

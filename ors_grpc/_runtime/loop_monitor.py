@@ -1,0 +1,197 @@
+"""How late an event loop runs what it is given, measured from outside it.
+
+A daemon thread sends the loop a probe (`call_soon_threadsafe`) every
+`PROBE_INTERVAL_S` and measures how late it runs; while a probe waits, the
+lag is "now - sent", so a loop blocked for good shows a lag that keeps
+growing (a heartbeat sent from the loop itself would just stop). A worker
+process reports `lag_s()` and `max_lag_s` in its heartbeat; in-process, the
+server's monitor logs one WARNING per stall over `STALL_WARNING_S`, naming
+the environment and the function (a tool, `setup`, `get_prompt`,
+`list_tasks`...) that holds the loop (`user_code.user_code_call_in`), while
+the stall lasts, and one INFO line with its length when it ends. The culprit
+must be seen running in two looks in a row (`PROBE_INTERVAL_S` apart), the
+same call both times: a loop merely busy with many quick calls (load) never
+shows one call twice, and such a stall is an INFO line only.
+
+The thread needs the GIL to look: code that blocks while holding it (a C
+extension that never lets go) is seen only once it ends. Load alone makes a
+lag of milliseconds, far below the warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ors_grpc._runtime.user_code import user_code_call_in
+
+__all__ = ["PROBE_INTERVAL_S", "STALL_WARNING_S", "LoopMonitor", "describe_user_code", "monitor_loop"]
+
+logger = logging.getLogger("ors_grpc.loop_monitor")
+
+#: How often the loop is probed, and how often an unanswered probe is looked at.
+PROBE_INTERVAL_S = 0.1
+#: A loop held this long is a stall worth a WARNING (asyncio's debug mode
+#: reports callbacks over 0.1 s; a second is a bug, not load).
+STALL_WARNING_S = 1.0
+
+
+def describe_user_code(fn: Optional[Callable[..., Any]]) -> tuple[str, str]:
+    """(environment or toolset class, function) of a user function:
+    `("EchoEnv", "echo")` for a bound tool, `("EchoEnv", "list_tasks")` for a
+    classmethod, `("EchoEnv", "__init__")` for a constructor."""
+    if fn is None:
+        return "-", "-"
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isclass(fn):
+        return fn.__name__, "__init__"
+    owner = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", repr(fn))
+    if owner is not None:
+        return (owner if inspect.isclass(owner) else type(owner)).__name__, name
+    qualname = getattr(fn, "__qualname__", name)
+    owner_name, _, _ = qualname.rpartition(".")
+    return owner_name or "-", name
+
+
+class LoopMonitor:
+    """Measures `loop`'s lag from a daemon thread (`start`, `stop`).
+
+    `on_stall(lag_s, holder)` is called (in the monitor's thread) at most
+    once per stall: once an unanswered probe has waited `stall_s`, as soon as
+    one user call is seen holding the loop in two looks in a row; `holder` is
+    its user function.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        interval_s: float = PROBE_INTERVAL_S,
+        stall_s: float = STALL_WARNING_S,
+        on_stall: Optional[Callable[[float, Callable[..., Any]], None]] = None,
+    ) -> None:
+        self.loop = loop
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self.on_stall = on_stall
+        #: The largest lag seen since the start (or the last `reset_max_lag`), in seconds.
+        self.max_lag_s = 0.0
+        self._last_lag_s = 0.0
+        self._sent: Optional[float] = None  # when the unanswered probe was sent
+        self._answered = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._loop_thread_id: Optional[int] = None  # learnt from the first probe
+
+    def lag_s(self) -> float:
+        """The loop's lag now: how long the unanswered probe has waited, else
+        how late the last one ran."""
+        sent = self._sent
+        return time.monotonic() - sent if sent is not None else self._last_lag_s
+
+    def reset_max_lag(self) -> float:
+        """`max_lag_s`, then start it afresh (e.g. once per heartbeat)."""
+        peak, self.max_lag_s = max(self.max_lag_s, self.lag_s()), 0.0
+        return peak
+
+    def _user_call(self) -> Optional[tuple[Any, Callable[..., Any]]]:
+        """(frame, function) of the user call running on the loop now, or None."""
+        thread_id = self._loop_thread_id
+        return None if thread_id is None else user_code_call_in(thread_id)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ors-loop-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._answered.set()
+
+    def _answer(self) -> None:  # on the loop
+        self._loop_thread_id = threading.get_ident()
+        self._answered.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._answered.clear()
+            self._sent = sent = time.monotonic()
+            try:
+                self.loop.call_soon_threadsafe(self._answer)
+            except RuntimeError:  # the loop is closed
+                return
+            stalled = reported = False
+            seen = None  # the user call seen holding the loop at the last look
+            while not self._answered.wait(self.interval_s):
+                if self.loop.is_closed():
+                    return
+                if not self.loop.is_running():  # a stopped loop is not a stalled one: measure afresh
+                    self._sent = sent = time.monotonic()
+                    continue
+                lag = time.monotonic() - sent
+                self.max_lag_s = max(self.max_lag_s, lag)
+                if reported or lag < self.stall_s - self.interval_s:  # the first look a probe before
+                    continue
+                call = self._user_call()
+                if lag >= self.stall_s:
+                    stalled = True
+                    if call is not None and seen is not None and call[0] is seen[0]:
+                        reported = True
+                        if self.on_stall is not None:
+                            self.on_stall(lag, call[1])
+                seen = call
+            self._last_lag_s = lag = time.monotonic() - sent
+            self._sent = None
+            self.max_lag_s = max(self.max_lag_s, lag)
+            if stalled and not self._stopped.is_set():
+                logger.info("event_loop_stall_ended seconds=%.2f%s", lag,
+                            "" if reported else " (no one call of environment code held it throughout)")
+            self._stopped.wait(self.interval_s)
+
+
+def _warn_stall(lag_s: float, holder: Callable[..., Any]) -> None:
+    environment, function = describe_user_code(holder)
+    logger.warning(
+        "event_loop_stalled seconds=%.1f environment=%s function=%s (still blocked: every episode of this "
+        "server waits; blocking code belongs in a sync function or `await asyncio.to_thread(...)`)",
+        lag_s, environment, function)
+
+
+# One monitor per loop, however many servers it runs (tests start several).
+_monitors: dict[asyncio.AbstractEventLoop, tuple[LoopMonitor, int]] = {}
+_monitors_lock = threading.Lock()
+
+
+def monitor_loop(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Watch `loop` for stalls, warning as the module says; returns the
+    function that stops watching (the monitor ends with its last user)."""
+    with _monitors_lock:
+        monitor, users = _monitors.get(loop, (None, 0))
+        if monitor is None:
+            monitor = LoopMonitor(loop, on_stall=_warn_stall)
+            monitor.start()
+        _monitors[loop] = (monitor, users + 1)
+
+    def release() -> None:
+        with _monitors_lock:
+            current, count = _monitors.get(loop, (None, 0))
+            if current is not monitor:
+                return
+            if count <= 1:
+                del _monitors[loop]
+                monitor.stop()
+            else:
+                _monitors[loop] = (monitor, count - 1)
+
+    return functools.partial(_release_once, [release])
+
+
+def _release_once(pending: list[Callable[[], None]]) -> None:
+    while pending:
+        pending.pop()()
