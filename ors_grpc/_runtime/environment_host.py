@@ -177,6 +177,12 @@ class CatalogHost(abc.ABC):
 class HostFactory(abc.ABC):
     """Where the session table gets its hosts."""
 
+    async def start(self) -> None:
+        """Make ready to host (start processes, ...), before the server serves."""
+
+    async def close(self) -> None:
+        """Release what `start` took, after the session table ended every episode."""
+
     @abc.abstractmethod
     def episode(self, env_cls: type[Environment]) -> EpisodeHost:
         """A host for a new episode of `env_cls` (CONSTRUCTING, nothing run yet)."""

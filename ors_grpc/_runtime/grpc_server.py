@@ -28,8 +28,11 @@ from ors_grpc.protocol.errors import ORSError, abort
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
-from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry
+from ors_grpc._runtime.environment_host import HostFactory
+from ors_grpc._runtime.local_hosts import LocalHosts
+from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry, environment_map, toolset_map
 from ors_grpc._runtime.sessions import SessionTable
+from ors_grpc._runtime.workers.supervisor import WorkerHosts
 from ors_grpc.protocol.constants import (
     API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -94,6 +97,9 @@ class ServerConfig:
     setup_wait_s: float = DEFAULT_SETUP_WAIT_S
     #: Seconds a draining server serves the episodes it holds before ending them.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: When set, environments' code runs in this many worker processes
+    #: (`_runtime/workers`), not in the server process.
+    workers: int | None = None
 
 
 class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -245,6 +251,13 @@ def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegistry, config: ServerConfig) -> HostFactory:
+    """Where environments' code runs: in this process, or in `config.workers` worker processes."""
+    if not config.workers:
+        return LocalHosts()
+    return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets))
+
+
 async def create_server(
     environments: Sequence[type[Environment]],
     address: str = "127.0.0.1:0",
@@ -260,6 +273,19 @@ async def create_server(
     (useful with port 0). `await server.stop(grace)` stops accepting calls,
     then ends every session.
     """
+    hosts = _hosts_for(environments, toolsets, config)
+    await hosts.start()
+    try:
+        return await _create_server(environments, address, config, toolsets, hosts)
+    except BaseException:
+        await hosts.close()
+        raise
+
+
+async def _create_server(
+    environments: Sequence[type[Environment]], address: str, config: ServerConfig, toolsets: ToolsetRegistry,
+    hosts: HostFactory,
+) -> tuple[RunningServer, int]:
     sessions = SessionTable(
         session_timeout_s=config.session_timeout_s,
         reaper_interval_s=config.reaper_interval_s,
@@ -269,6 +295,7 @@ async def create_server(
         warm_ttl_s=config.warm_ttl_s,
         setup_wait_s=config.setup_wait_s,
         warm_setup_timeout_s=config.warm_setup_timeout_s,
+        hosts=hosts,
     )
     metrics.track_session_load(sessions.load)
     health_servicer = health.aio.HealthServicer()
@@ -342,6 +369,7 @@ class RunningServer:
         # grace as calls over the network.
         await asyncio.gather(self.grpc_server.stop(grace), self.in_process_channel.drain(grace))
         await self.sessions.close()
+        await self.sessions.hosts.close()
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         return await self.grpc_server.wait_for_termination(timeout)

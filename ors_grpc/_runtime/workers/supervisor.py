@@ -1,0 +1,415 @@
+"""Worker processes for environments' code, and the hosts that reach them.
+
+`WorkerHosts` (a `HostFactory`) starts N worker processes and places each
+new episode in the least-loaded live one, where it lives for its whole life;
+class-level calls (splits, tasks, listings) go to the least-loaded worker
+too. The server process keeps everything else: every door, the session
+table, tool-call tasks and idempotency, records, warm-pool bookkeeping,
+drain, metrics. The API key is checked in the server; secrets reach a
+worker only over the hop, never in its argv, environment or logs.
+
+How workers start: a fresh interpreter (`python -m
+ors_grpc._runtime.workers.worker`, fork and exec at once), never a fork of
+the server. grpc's core runs threads and holds locks that a forked child
+would inherit in whatever state they were (its fork support is off by
+default and does not cover grpc.aio): a fork after the server started can
+deadlock or corrupt the child. multiprocessing's spawn would be as safe, but
+re-imports the parent's `__main__` in every worker (a script without a main
+guard would serve again, recursively) for nothing we need.
+
+The hop: one Unix socket in a fresh directory only the server's user can
+open (0700, `tempfile.mkdtemp`); workers listen on nothing. Environments are
+imported in the worker by `module:qualname`, so a class defined in a
+script's `__main__` cannot be served by workers: serving fails at start
+(`WorkerStartupError`, the CLI's exit status 2) saying so.
+
+A worker that dies fails the calls in flight on it (the episode's state is
+gone: a call is never sent again to another worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, Optional, Sequence, Union
+
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
+from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, local_error, read_frame, write_frame
+from ors_grpc.authoring.environment import Environment, overrides
+from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
+from ors_grpc.protocol.errors import ORSError
+
+__all__ = ["WorkerHosts", "WorkerStartupError", "worker_count"]
+
+logger = logging.getLogger("ors_grpc.workers")
+
+#: Seconds a worker may take to start and import the environments.
+WORKER_START_TIMEOUT_S = 60.0
+#: Seconds stopping workers waits for them to exit before killing them.
+WORKER_STOP_WAIT_S = 5.0
+
+
+class WorkerStartupError(Exception):
+    """Workers cannot serve these environments (a class in `__main__`, an import that fails in a worker)."""
+
+
+def worker_count(value: str) -> int:
+    """`--workers` as a number: N, or `auto` (the CPUs this process may run on)."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    count = int(value)
+    if count < 1:
+        raise ValueError("--workers must be at least 1, or auto")
+    return count
+
+
+def import_path(cls: type, what: str) -> str:
+    """`module:qualname` of a class a worker must import; WorkerStartupError when it cannot."""
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        raise WorkerStartupError(
+            f"{what} {cls.__qualname__!r} is defined in {'a function' if '<locals>' in cls.__qualname__ else '__main__'}: "
+            f"worker processes import environments by module. Move it to a module and serve MODULE:CLASS "
+            f"(or serve without --workers)")
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class WorkerGone(Exception):
+    """The worker process running the call exited."""
+
+
+class _Worker:
+    """One worker process and its end of the hop."""
+
+    def __init__(self, worker_id: int, process: subprocess.Popen[bytes]) -> None:
+        self.worker_id = worker_id
+        self.process = process
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.episodes = 0
+        self.alive = True
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._reading: asyncio.Task[None] | None = None
+
+    def attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self._reading = asyncio.get_running_loop().create_task(self._read_forever(), name=f"ors-worker-{self.worker_id}")
+
+    async def call(self, op: str, *args: Any) -> Any:
+        if not self.alive:
+            raise self._gone()
+        call_id = next(self._call_ids)
+        answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            write_frame(self.writer, (call_id, op, args))
+            return await answer
+        finally:
+            self._calls.pop(call_id, None)
+
+    def tell(self, op: str, *args: Any) -> None:
+        """A message that wants no answer."""
+        if self.alive:
+            write_frame(self.writer, (0, op, args))
+
+    async def _read_forever(self) -> None:
+        try:
+            while True:
+                call_id, ok, value = await read_frame(self.reader)
+                answer = self._calls.get(call_id)
+                if answer is None or answer.done():
+                    continue
+                if ok:
+                    answer.set_result(value)
+                else:
+                    answer.set_exception(local_error(value))
+        except (asyncio.IncompleteReadError, ConnectionError, EOFError):
+            pass
+        finally:
+            await self._lost()
+
+    async def _lost(self) -> None:
+        self.alive = False
+        status = self.process.poll()
+        if status is None:
+            try:
+                status = await asyncio.wait_for(asyncio.to_thread(self.process.wait), 1.0)
+            except asyncio.TimeoutError:
+                status = None
+        self.exit_status = status
+        for answer in self._calls.values():
+            if not answer.done():
+                answer.set_exception(self._gone())
+        if status not in (0, None) or self._calls:
+            logger.error("worker_exited worker=%d %s", self.worker_id, _exit_text(status))
+
+    def _gone(self) -> ORSError:
+        return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR,
+                        f"the worker process running this episode exited ({_exit_text(self.process.poll())}); "
+                        "the episode's state is lost")
+
+    async def stop(self) -> None:
+        self.alive = False
+        if self.writer is not None:
+            self.writer.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.process.wait), WORKER_STOP_WAIT_S)
+        except asyncio.TimeoutError:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait)
+        if self._reading is not None:
+            await asyncio.wait({self._reading})
+
+
+def _exit_text(status: int | None) -> str:
+    import signal
+
+    if status is None:
+        return "exit status unknown"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+class _RemoteTool:
+    """A tool of an episode in a worker, as the server's tool calls need it:
+    its name and concurrency marks (read from the class; the function runs in the worker)."""
+
+    __slots__ = ("name", "_env_tool_exclusive", "_env_tool_terminal", "_env_tool_concurrent")
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name = name
+        self._env_tool_exclusive = getattr(fn, "_env_tool_exclusive", False)
+        self._env_tool_terminal = getattr(fn, "_env_tool_terminal", False)
+        self._env_tool_concurrent = getattr(fn, "_env_tool_concurrent", False)
+
+
+class WorkerEpisodeHost(EpisodeHost):
+    """One episode whose environment lives in a worker process."""
+
+    __slots__ = ("_worker", "_eid", "_toolset_cls", "_set_up", "_env_name")
+
+    def __init__(self, env_cls: type[Environment], env_name: str, worker: _Worker, eid: int) -> None:
+        super().__init__(env_cls)
+        self._worker = worker
+        self._eid = eid
+        self._env_name = env_name
+        self._toolset_cls: type | None = None
+        self._set_up = False
+        worker.episodes += 1
+
+    @property
+    def uninterruptible(self) -> bool:
+        return False  # the server stops waiting; the worker tears the episode down once its step ends
+
+    @property
+    def set_up(self) -> bool:
+        return self._set_up
+
+    async def construct(self, task_spec: JSONObject, secrets: dict[str, str]) -> None:
+        await self._worker.call("construct", self._eid, self._env_name, task_spec, secrets)
+
+    async def attach_toolset(self, toolset_cls: type) -> None:
+        self._toolset_cls = toolset_cls
+        await self._worker.call("attach_toolset", self._eid, import_path(toolset_cls, "toolset"))
+
+    async def setup(self) -> None:
+        if self.state is EpisodeState.CONSTRUCTING:
+            self.state = EpisodeState.SETTING_UP
+        await self._worker.call("setup", self._eid)
+        self._set_up = True
+        if self.state is EpisodeState.SETTING_UP:
+            self.state = EpisodeState.READY
+
+    async def teardown(self) -> None:
+        try:
+            await self._worker.call("teardown", self._eid)
+        except ORSError:
+            if self._worker.alive:
+                raise
+            # its worker is gone, and the environment with it
+
+    def end(self) -> None:
+        if self.state is not EpisodeState.ENDED:
+            self._worker.episodes -= 1
+            self._worker.tell("end", self._eid)
+        super().end()
+
+    def kill(self) -> None:
+        self.end()
+
+    def implements(self, hook: str) -> bool:
+        return overrides(self.env_cls, hook)
+
+    def prompt(self) -> Any:
+        return self._worker.call("prompt", self._eid)
+
+    def messages(self) -> Any:
+        return self._worker.call("messages", self._eid)
+
+    def task_tools(self) -> Any:
+        return self._worker.call("task_tools", self._eid)
+
+    def resolve_tool(self, name: str) -> Union[Callable[..., Any], RunToolOutput]:
+        fn = getattr(self._toolset_cls, name, None) if self._toolset_cls is not None else None
+        if not Environment._is_tool(fn):
+            fn = getattr(self.env_cls, name, None)
+        return _RemoteTool(name, fn)  # a name it lacks is refused by the worker (not_found)
+
+    def run_tool(self, name: str, tool: Any, tool_input: JSONObject) -> Any:
+        return self._worker.call("run_tool", self._eid, name, tool_input)
+
+    def score_group(self, candidates: Sequence[GroupCandidate]) -> Any:
+        return self._worker.call("score_group", self._eid, list(candidates))
+
+
+class WorkerCatalogHost(CatalogHost):
+    """An environment class's own calls, answered by the least-loaded worker."""
+
+    __slots__ = ("_hosts", "_env_name")
+
+    def __init__(self, env_cls: type[Environment], env_name: str, hosts: WorkerHosts) -> None:
+        super().__init__(env_cls)
+        self._hosts = hosts
+        self._env_name = env_name
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self._hosts.least_loaded().call("catalog", self._env_name, method, args)
+
+    def list_splits(self) -> Any:
+        return self._call("list_splits")
+
+    async def list_tools(self) -> ListToolsOutput:
+        return self.env_cls.list_tools()  # the class's own declaration: no environment code runs
+
+    def list_tasks(self, split: str) -> Any:
+        return self._call("list_tasks", split)
+
+    def num_tasks(self, split: str) -> Any:
+        return self._call("num_tasks", split)
+
+    def get_task(self, split: str, index: int) -> Any:
+        return self._call("get_task", split, index)
+
+    def get_task_range(self, split: str, start: Optional[int], stop: Optional[int]) -> Any:
+        return self._call("get_task_range", split, start, stop)
+
+
+class WorkerHosts(HostFactory):
+    """`count` worker processes for `environments` (and `toolsets`), supervised by the server."""
+
+    def __init__(self, count: int, environments: dict[str, type[Environment]], toolsets: dict[str, type]) -> None:
+        self._count = count
+        self._names = {env_cls: name for name, env_cls in environments.items()}
+        self._setup = Setup(
+            sys_path=list(sys.path),
+            environments={name: import_path(cls, "environment") for name, cls in environments.items()},
+            toolsets=[import_path(cls, "toolset") for cls in toolsets.values()],
+            log_level=logging.getLogger().getEffectiveLevel(),
+        )
+        self._workers: list[_Worker] = []
+        self._catalogs: dict[type[Environment], WorkerCatalogHost] = {}
+        self._episode_ids = itertools.count(1)
+        self._directory = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._pending: dict[int, _Worker] = {}
+
+    async def start(self) -> None:
+        """Start every worker; WorkerStartupError (with the worker's traceback) when one cannot import."""
+        self._directory = tempfile.mkdtemp(prefix="ors-workers-")  # 0700: only this user can reach the hop
+        path = os.path.join(self._directory, "hop.sock")
+        self._server = await asyncio.start_unix_server(self._accept, path=path)
+        os.chmod(path, 0o600)
+        try:
+            for worker_id in range(1, self._count + 1):
+                self._workers.append(self._spawn(worker_id, path))
+            await asyncio.gather(*(self._until_ready(worker) for worker in self._workers))
+        except BaseException:
+            await self.close()
+            raise
+        logger.info("workers_started count=%d pids=%s", self._count,
+                    ",".join(str(w.process.pid) for w in self._workers))
+
+    def _spawn(self, worker_id: int, path: str) -> _Worker:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ors_grpc._runtime.workers.worker", path, str(worker_id), str(os.getpid())],
+            stdin=subprocess.DEVNULL, env=_worker_environment(),
+        )
+        worker = self._pending[worker_id] = _Worker(worker_id, process)
+        return worker
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello: Hello = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+            worker = self._pending.pop(hello.worker_id)
+            if worker.process.pid != hello.pid:
+                raise ValueError("a worker id from another process")
+        except Exception:
+            writer.close()
+            return
+        write_frame(writer, self._setup)
+        try:
+            ready: Ready = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+        except Exception as exc:
+            worker.connected.set_exception(WorkerStartupError(f"worker {worker.worker_id} ended while starting: {exc!r}"))
+            return
+        if ready.error:
+            worker.connected.set_exception(WorkerStartupError(
+                f"a worker process could not import the environments:\n{ready.error.rstrip()}"))
+            return
+        worker.attach(reader, writer)
+        worker.connected.set_result(None)
+
+    async def _until_ready(self, worker: _Worker) -> None:
+        deadline = asyncio.get_running_loop().time() + WORKER_START_TIMEOUT_S
+        while not worker.connected.done():
+            if worker.process.poll() is not None:
+                raise WorkerStartupError(
+                    f"worker {worker.worker_id} {_exit_text(worker.process.returncode)} while starting")
+            if asyncio.get_running_loop().time() > deadline:
+                raise WorkerStartupError(f"worker {worker.worker_id} did not start within {WORKER_START_TIMEOUT_S:g}s")
+            await asyncio.wait({worker.connected}, timeout=0.05)
+        worker.connected.result()
+
+    def least_loaded(self) -> _Worker:
+        live = [worker for worker in self._workers if worker.alive]
+        if not live:
+            raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR, "no worker process is running")
+        return min(live, key=lambda worker: worker.episodes)
+
+    def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
+        return WorkerEpisodeHost(env_cls, self._names[env_cls], self.least_loaded(), next(self._episode_ids))
+
+    def catalog(self, env_cls: type[Environment]) -> WorkerCatalogHost:
+        host = self._catalogs.get(env_cls)
+        if host is None:
+            host = self._catalogs[env_cls] = WorkerCatalogHost(env_cls, self._names[env_cls], self)
+        return host
+
+    def worker_pids(self) -> list[int]:
+        return [worker.process.pid for worker in self._workers if worker.alive]
+
+    async def close(self) -> None:
+        """Stop every worker (after the session table ended its episodes)."""
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(worker.stop() for worker in self._workers))
+        for worker in self._pending.values():
+            worker.process.kill()
+        if self._directory:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _worker_environment() -> dict[str, str]:
+    """The server's environment for a worker, unbuffered (its log lines arrive whole)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,23 @@
+"""Environments for the worker-mode tests (`serve --workers N`): what the tests
+need to see (which process ran a call) travels in tool outputs."""
+
+from __future__ import annotations
+
+import os
+
+from ors_grpc import ToolOutput, tool
+from tests.support.reliability_environments import ProbeEnv
+
+
+class WorkerProbeEnv(ProbeEnv):
+    """ProbeEnv whose tools also say which process runs them."""
+
+    @tool
+    def pid(self) -> ToolOutput:
+        """The id of the process running this episode's code."""
+        return ToolOutput(blocks=[], metadata={"pid": os.getpid()})
+
+    @tool
+    def exit_process(self) -> ToolOutput:
+        """Ends the process running the episode at once, as a native library's abort does."""
+        os._exit(3)

@@ -1,0 +1,164 @@
+"""`ors-grpc serve --workers N`: environments' code runs in worker processes
+the server supervises; an episode lives in one worker for its whole life."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from tests.support.reliability_environments import MARKER_DIR_VARIABLE
+from tests.support.bridge_http import read_sse
+from tests.support.reliability_helpers import (
+    eventually, grpc_call, grpc_episode, grpc_stats, grpc_stub, http_episode, open_sessions,
+)
+from tests.support.servers import ROOT, start_serve
+
+pytestmark = pytest.mark.timeout(120)
+
+WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
+
+
+def serve_workers(count: str, marker_dir: Path | None = None):
+    env = {MARKER_DIR_VARIABLE: str(marker_dir)} if marker_dir else None
+    return start_serve(WORKER_PROBE, "--http-port", "0", "--workers", count, env=env)
+
+
+async def grpc_pid(stub, sid: str) -> int:
+    events = await grpc_call(stub, sid, "pid")
+    return json.loads(events[-1].result.output.metadata.json)["pid"]
+
+
+async def http_call(http: aiohttp.ClientSession, sid: str, name: str) -> dict:
+    body = {"name": name, "input": {}}
+    async with http.post("/workerprobeenv/call", json=body, headers={"X-Session-ID": sid}) as response:
+        assert response.status == 200, await response.text()
+        return (await read_sse(response)).result()
+
+
+async def http_pid(http: aiohttp.ClientSession, sid: str) -> int:
+    return (await http_call(http, sid, "pid"))["output"]["metadata"]["pid"]
+
+
+async def test_episodes_live_in_worker_processes_spread_over_the_workers(tmp_path: Path) -> None:
+    with serve_workers("2", marker_dir=tmp_path) as serve:
+        async with grpc_stub(serve.grpc_target) as stub, aiohttp.ClientSession(base_url=serve.http_url) as http:
+            first = await grpc_episode(stub, "first", env_name="workerprobeenv")
+            second = await http_episode(http, "second", env_name="workerprobeenv")
+            first_pid, second_pid = await grpc_pid(stub, first), await http_pid(http, second)
+            assert serve.proc.pid not in (first_pid, second_pid)
+            assert first_pid != second_pid  # the second episode went to the idle worker
+            # An episode stays in its worker: its state is there.
+            await grpc_call(stub, first, "echo_tag")
+            assert await grpc_pid(stub, first) == first_pid
+            assert (await grpc_stats(stub, first))["runs"] == {"echo_tag": 1}
+            # Class-level calls run in a worker too.
+            tasks = await stub.ListTasks(pb.ListTasksRequest(env_name="workerprobeenv", split="train"))
+            assert len(tasks.tasks) == 3
+            await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=first))
+            async with http.post("/delete", headers={"X-Session-ID": second}) as response:
+                assert response.status == 200, await response.text()
+            # Teardown ran in the workers.
+            assert sorted(path.name for path in tmp_path.iterdir()) == ["teardown-first", "teardown-second"]
+
+
+async def test_a_worker_that_exits_fails_its_episode_and_no_other(tmp_path: Path) -> None:
+    with serve_workers("2") as serve:
+        async with grpc_stub(serve.grpc_target) as stub, aiohttp.ClientSession(base_url=serve.http_url) as http:
+            doomed = await grpc_episode(stub, "doomed", env_name="workerprobeenv")
+            healthy = await http_episode(http, "healthy", env_name="workerprobeenv")
+            healthy_pid = await http_pid(http, healthy)
+            events = await grpc_call(stub, doomed, "exit_process")
+            assert "exit status 3" in events[-1].failure.message
+            # The next call of the episode says what happened too; never runs elsewhere.
+            events = await grpc_call(stub, doomed, "echo_tag")
+            assert "the worker process running this episode exited (exit status 3)" in events[-1].failure.message
+            # The episode in the other worker saw nothing.
+            assert await http_pid(http, healthy) == healthy_pid
+            assert (await http_call(http, healthy, "echo_tag"))["ok"] is True
+
+
+async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
+    with serve_workers("1") as serve:
+        async with grpc_stub(serve.grpc_target) as stub:
+            sid = await grpc_episode(stub, "killed", env_name="workerprobeenv")
+            os.kill(await grpc_pid(stub, sid), signal.SIGKILL)
+
+            async def answered_with_the_signal() -> bool:
+                events = await grpc_call(stub, sid, "echo_tag")
+                return "killed by SIGKILL" in events[-1].failure.message
+
+            await eventually(answered_with_the_signal, "the episode's call to name the signal")
+            await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
+            assert await open_sessions(stub) == 0
+
+
+def test_the_server_killed_leaves_no_worker_behind() -> None:
+    with serve_workers("2") as serve:
+        workers = _children(serve.proc.pid)
+        assert len(workers) == 2
+        serve.proc.kill()
+        serve.proc.wait()
+        for pid in workers:
+            _wait_gone(pid)
+
+
+def test_an_environment_defined_in_main_cannot_be_served_by_workers_and_says_so(tmp_path: Path) -> None:
+    script = tmp_path / "serve_main.py"
+    script.write_text(textwrap.dedent("""
+        from ors_grpc import Environment, Server, TextBlock, ToolOutput, tool
+        from ors_grpc.server import ServerConfig
+
+        class MainEnv(Environment):
+            @classmethod
+            def list_splits(cls):
+                return ["train"]
+
+            @classmethod
+            def list_tasks(cls, split):
+                return [{}]
+
+            def get_prompt(self):
+                return [TextBlock(text="hi")]
+
+            @tool
+            def noop(self) -> ToolOutput:
+                '''Nothing.'''
+                return ToolOutput(blocks=[])
+
+        if __name__ == "__main__":
+            Server([MainEnv], config=ServerConfig(workers=2)).run(host="127.0.0.1", port=0, grpc_port=0)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "environment 'MainEnv' is defined in __main__" in done.stderr
+    assert "serve MODULE:CLASS" in done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(line) for line in out.split()]
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+            return  # a zombie: ended, not yet reaped by init
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} outlived its server")
