@@ -31,8 +31,9 @@ __all__ = ["CatalogHost", "EpisodeHost", "EpisodeState", "HostFactory"]
 
 class EpisodeState(enum.Enum):
     """Where an episode's life stands. It moves forward only:
-    CONSTRUCTING -> SETTING_UP -> READY, or to one of the two failures; ENDED
-    (deleted, reaped, server stopped) can follow any state and is final."""
+    CONSTRUCTING -> SETTING_UP -> READY, or to one of the two failures, or
+    to CRASHED from any of them; ENDED (deleted, reaped, server stopped) can
+    follow any state and is final."""
 
     #: The constructors (the environment's, its session toolset's) run.
     CONSTRUCTING = "constructing"
@@ -44,6 +45,9 @@ class EpisodeState(enum.Enum):
     CONSTRUCTION_FAILED = "construction_failed"
     #: `setup()` raised: every call of the episode answers the host's `failure`.
     SETUP_FAILED = "setup_failed"
+    #: The process holding the environment ended (a worker): every call
+    #: answers the host's `failure`, ENVIRONMENT_CRASHED. Final but for ENDED.
+    CRASHED = "crashed"
     #: Ended: calls answer SESSION_DELETED, the environment is (being) torn down.
     ENDED = "ended"
 
@@ -69,6 +73,12 @@ class EpisodeHost(abc.ABC):
             self.state = EpisodeState.CONSTRUCTION_FAILED
         elif self.state is EpisodeState.SETTING_UP:
             self.state = EpisodeState.SETUP_FAILED
+
+    def crash(self, error: ORSError) -> None:
+        """The process holding the environment ended: every call answers `error` from now on."""
+        if self.state is not EpisodeState.ENDED:
+            self.failure = error
+            self.state = EpisodeState.CRASHED
 
     def end(self) -> None:
         """The episode is over (its calls answer SESSION_DELETED from now on)."""

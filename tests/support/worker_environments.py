@@ -21,3 +21,11 @@ class WorkerProbeEnv(ProbeEnv):
     def exit_process(self) -> ToolOutput:
         """Ends the process running the episode at once, as a native library's abort does."""
         os._exit(3)
+
+    @tool
+    def block_thread(self) -> ToolOutput:
+        """A sync call that never returns (it runs in a worker thread once it is found slow)."""
+        import threading
+
+        threading.Event().wait()
+        return ToolOutput(blocks=[])

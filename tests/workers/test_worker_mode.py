@@ -12,9 +12,12 @@ import textwrap
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
 from tests.support.bridge_http import read_sse
 from tests.support.reliability_helpers import (
@@ -70,20 +73,57 @@ async def test_episodes_live_in_worker_processes_spread_over_the_workers(tmp_pat
             assert sorted(path.name for path in tmp_path.iterdir()) == ["teardown-first", "teardown-second"]
 
 
-async def test_a_worker_that_exits_fails_its_episode_and_no_other(tmp_path: Path) -> None:
+async def grpc_crash_details(call) -> tuple[grpc.StatusCode, str, str, dict[str, str]]:
+    """A call that fails: its code, reason, message and ErrorInfo metadata."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    error = caught.value
+    trailers = dict(error.trailing_metadata() or ())
+    status = status_pb2.Status.FromString(trailers[STATUS_DETAILS_METADATA_KEY])
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    return error.code(), trailers[ERROR_REASON_METADATA_KEY], error.details(), dict(info.metadata)
+
+
+async def test_a_worker_that_exits_fails_its_episodes_with_environment_crashed_and_no_other() -> None:
     with serve_workers("2") as serve:
         async with grpc_stub(serve.grpc_target) as stub, aiohttp.ClientSession(base_url=serve.http_url) as http:
             doomed = await grpc_episode(stub, "doomed", env_name="workerprobeenv")
             healthy = await http_episode(http, "healthy", env_name="workerprobeenv")
             healthy_pid = await http_pid(http, healthy)
+            # The call in flight fails naming the exit.
             events = await grpc_call(stub, doomed, "exit_process")
-            assert "exit status 3" in events[-1].failure.message
-            # The next call of the episode says what happened too; never runs elsewhere.
-            events = await grpc_call(stub, doomed, "echo_tag")
-            assert "the worker process running this episode exited (exit status 3)" in events[-1].failure.message
+            assert "exited (exit status 3)" in events[-1].failure.message
+            # Every later call of the episode answers ENVIRONMENT_CRASHED; it never runs elsewhere.
+            code, reason, message, metadata = await grpc_crash_details(
+                stub.GetPrompt(pb.GetPromptRequest(session_id=doomed)))
+            assert (code, reason) == (grpc.StatusCode.ABORTED, "ERROR_REASON_ENVIRONMENT_CRASHED")
+            assert "exit status 3" in message and metadata["exit_status"] == "3"
             # The episode in the other worker saw nothing.
             assert await http_pid(http, healthy) == healthy_pid
             assert (await http_call(http, healthy, "echo_tag"))["ok"] is True
+            # The dead worker is replaced: new episodes land in a new process too, once it is up.
+
+            async def a_new_worker_serves() -> bool:
+                fresh = await grpc_episode(stub, "fresh", env_name="workerprobeenv")
+                pid = await grpc_pid(stub, fresh)
+                await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=fresh))
+                return pid not in (healthy_pid, serve.proc.pid)
+
+            await eventually(a_new_worker_serves, "a new worker in the dead one's place")
+
+
+async def test_a_crashed_episode_answers_502_over_http() -> None:
+    with serve_workers("1") as serve:
+        async with aiohttp.ClientSession(base_url=serve.http_url) as http:
+            sid = await http_episode(http, "doomed", env_name="workerprobeenv")
+            body = {"name": "exit_process", "input": {}}
+            async with http.post("/workerprobeenv/call", json=body, headers={"X-Session-ID": sid}) as response:
+                stream = await read_sse(response)
+            assert "exit status 3" in stream.data("error")
+            async with http.get("/workerprobeenv/prompt", headers={"X-Session-ID": sid}) as response:
+                assert response.status == 502
+                assert "the worker process running this episode exited (exit status 3)" in (await response.json())["detail"]
 
 
 async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
@@ -92,13 +132,42 @@ async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
             sid = await grpc_episode(stub, "killed", env_name="workerprobeenv")
             os.kill(await grpc_pid(stub, sid), signal.SIGKILL)
 
-            async def answered_with_the_signal() -> bool:
-                events = await grpc_call(stub, sid, "echo_tag")
-                return "killed by SIGKILL" in events[-1].failure.message
+            async def crashed() -> bool:
+                try:
+                    await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+                except grpc.aio.AioRpcError:
+                    return True
+                return False
 
-            await eventually(answered_with_the_signal, "the episode's call to name the signal")
+            await eventually(crashed, "the episode to answer that its worker is gone")
+            code, reason, message, metadata = await grpc_crash_details(
+                stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
+            assert reason == "ERROR_REASON_ENVIRONMENT_CRASHED"
+            assert "killed by SIGKILL" in message and metadata["signal"] == "SIGKILL"
             await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
             assert await open_sessions(stub) == 0
+
+
+async def test_a_sync_tool_hanging_past_its_timeout_and_the_grace_gets_its_worker_replaced() -> None:
+    with start_serve(WORKER_PROBE, "--workers", "1", "--tool-timeout", "1") as serve:
+        async with grpc_stub(serve.grpc_target) as stub:
+            sid = await grpc_episode(stub, "hung", env_name="workerprobeenv")
+            hung_pid = await grpc_pid(stub, sid)
+            events = await grpc_call(stub, sid, "block_thread")
+            assert events[-1].failure.message == "tool call timed out after 1s"
+            # The thread cannot be stopped: after the grace its process is killed and replaced.
+
+            async def replaced() -> bool:
+                try:
+                    fresh = await grpc_episode(stub, "fresh", env_name="workerprobeenv")
+                except grpc.aio.AioRpcError:
+                    return False  # no worker up yet
+                return await grpc_pid(stub, fresh) != hung_pid
+
+            await eventually(replaced, "the hung worker to be replaced")
+            _, reason, message, metadata = await grpc_crash_details(
+                stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
+            assert reason == "ERROR_REASON_ENVIRONMENT_CRASHED" and metadata["signal"] == "SIGKILL"
 
 
 def test_the_server_killed_leaves_no_worker_behind() -> None:

@@ -23,8 +23,15 @@ imported in the worker by `module:qualname`, so a class defined in a
 script's `__main__` cannot be served by workers: serving fails at start
 (`WorkerStartupError`, the CLI's exit status 2) saying so.
 
-A worker that dies fails the calls in flight on it (the episode's state is
-gone: a call is never sent again to another worker).
+Faults: a worker that ends (exits, is killed) fails the calls in flight on
+it at once, naming its exit status or signal, and every episode that lived
+in it answers its later calls ERROR_REASON_ENVIRONMENT_CRASHED (its state is
+gone: a call is never sent again to another worker); a new worker takes its
+place (after a backoff when workers keep dying young: a crash loop). A call
+the server stopped waiting for (the tool timeout, measured here, in the
+server) is cancelled in the worker; code still running `KILL_GRACE_S` later
+(a sync call in a thread, a blocked event loop) gets its worker killed and
+replaced, so no thread outlives its call's timeout by more than the grace.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +62,14 @@ logger = logging.getLogger("ors_grpc.workers")
 WORKER_START_TIMEOUT_S = 60.0
 #: Seconds stopping workers waits for them to exit before killing them.
 WORKER_STOP_WAIT_S = 5.0
+#: Seconds a cancelled tool call (its timeout passed) may run on in its worker before the worker is killed.
+KILL_GRACE_S = 5.0
+#: A worker that ends within this many seconds of starting died young: replacing it backs off
+#: (0.5 s, doubling, at most `MAX_RESTART_BACKOFF_S`) until one lives longer.
+YOUNG_DEATH_S = 10.0
+MAX_RESTART_BACKOFF_S = 30.0
+#: Calls whose code the server kills the worker for when it outlives its cancellation.
+_KILLABLE_OPS = frozenset({"run_tool", "score_group"})
 
 
 class WorkerStartupError(Exception):
@@ -80,24 +96,31 @@ def import_path(cls: type, what: str) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-class WorkerGone(Exception):
-    """The worker process running the call exited."""
-
-
 class _Worker:
     """One worker process and its end of the hop."""
 
-    def __init__(self, worker_id: int, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, worker_id: int, process: subprocess.Popen[bytes], on_lost: Callable[[_Worker], None]) -> None:
         self.worker_id = worker_id
         self.process = process
+        self.started = asyncio.get_running_loop().time()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.episodes = 0
+        #: The episodes living here, by episode id.
+        self.hosts: dict[int, WorkerEpisodeHost] = {}
         self.alive = True
+        self.stopping = False
+        self._on_lost = on_lost
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count(1)
+        #: Calls the server stopped waiting for, still running here: their kill timers.
+        self._abandoned: dict[int, asyncio.TimerHandle] = {}
         self._reading: asyncio.Task[None] | None = None
+        self.crash: ORSError | None = None
+
+    @property
+    def episodes(self) -> int:
+        return len(self.hosts)
 
     def attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
@@ -105,24 +128,44 @@ class _Worker:
 
     async def call(self, op: str, *args: Any) -> Any:
         if not self.alive:
-            raise self._gone()
+            raise self.crash or _crashed(self.process.poll())
         call_id = next(self._call_ids)
         answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
             write_frame(self.writer, (call_id, op, args))
             return await answer
+        except asyncio.CancelledError:
+            if self.alive and (answer.cancelled() or not answer.done()):  # no answer came: it runs on there
+                self._abandon(call_id, op)
+            raise
         finally:
             self._calls.pop(call_id, None)
 
+    def _abandon(self, call_id: int, op: str) -> None:
+        """The server stopped waiting for call `call_id`: cancel it here; kill the worker if it runs on."""
+        self.tell("cancel", call_id)
+        if op in _KILLABLE_OPS:
+            self._abandoned[call_id] = asyncio.get_running_loop().call_later(KILL_GRACE_S, self._kill_for, call_id)
+
+    def _kill_for(self, call_id: int) -> None:
+        self._abandoned.pop(call_id, None)
+        if self.alive:
+            logger.warning("worker_killed worker=%d reason=call_outlived_its_cancellation grace_s=%s episodes=%d",
+                           self.worker_id, KILL_GRACE_S, self.episodes)
+            self.process.kill()
+
     def tell(self, op: str, *args: Any) -> None:
         """A message that wants no answer."""
-        if self.alive:
+        if self.alive and self.writer is not None:
             write_frame(self.writer, (0, op, args))
 
     async def _read_forever(self) -> None:
         try:
             while True:
                 call_id, ok, value = await read_frame(self.reader)
+                timer = self._abandoned.pop(call_id, None)
+                if timer is not None:
+                    timer.cancel()
                 answer = self._calls.get(call_id)
                 if answer is None or answer.done():
                     continue
@@ -136,26 +179,28 @@ class _Worker:
             await self._lost()
 
     async def _lost(self) -> None:
+        """The hop closed: the process ended (or is ending). Fail everything that lived here."""
         self.alive = False
+        for timer in self._abandoned.values():
+            timer.cancel()
         status = self.process.poll()
         if status is None:
-            try:
-                status = await asyncio.wait_for(asyncio.to_thread(self.process.wait), 1.0)
-            except asyncio.TimeoutError:
-                status = None
-        self.exit_status = status
+            if not self.stopping:
+                self.process.kill()  # a worker that closed its end is of no more use
+            status = await asyncio.to_thread(self.process.wait)
+        self.crash = _crashed(status)
+        for host in list(self.hosts.values()):
+            host.crash(self.crash)
         for answer in self._calls.values():
             if not answer.done():
-                answer.set_exception(self._gone())
-        if status not in (0, None) or self._calls:
-            logger.error("worker_exited worker=%d %s", self.worker_id, _exit_text(status))
-
-    def _gone(self) -> ORSError:
-        return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR,
-                        f"the worker process running this episode exited ({_exit_text(self.process.poll())}); "
-                        "the episode's state is lost")
+                answer.set_exception(self.crash)
+        if not self.stopping:
+            logger.error("worker_exited worker=%d pid=%d %s episodes_lost=%d", self.worker_id, self.process.pid,
+                         _exit_text(status), len(self.hosts))
+            self._on_lost(self)
 
     async def stop(self) -> None:
+        self.stopping = True
         self.alive = False
         if self.writer is not None:
             self.writer.close()
@@ -168,9 +213,21 @@ class _Worker:
             await asyncio.wait({self._reading})
 
 
-def _exit_text(status: int | None) -> str:
-    import signal
+def _crashed(status: int | None) -> ORSError:
+    """ENVIRONMENT_CRASHED for an episode whose worker ended with `status` (Popen's returncode)."""
+    if status is not None and status < 0:
+        try:
+            metadata = {"signal": signal.Signals(-status).name}
+        except ValueError:
+            metadata = {"signal": str(-status)}
+    else:
+        metadata = {"exit_status": str(status)}
+    return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED,
+                    f"the worker process running this episode exited ({_exit_text(status)}); "
+                    "the episode's state is lost: start a new episode", metadata)
 
+
+def _exit_text(status: int | None) -> str:
     if status is None:
         return "exit status unknown"
     if status < 0:
@@ -206,7 +263,7 @@ class WorkerEpisodeHost(EpisodeHost):
         self._env_name = env_name
         self._toolset_cls: type | None = None
         self._set_up = False
-        worker.episodes += 1
+        worker.hosts[eid] = self
 
     @property
     def uninterruptible(self) -> bool:
@@ -232,16 +289,12 @@ class WorkerEpisodeHost(EpisodeHost):
             self.state = EpisodeState.READY
 
     async def teardown(self) -> None:
-        try:
+        if self._worker.alive:  # else the environment went with its worker
             await self._worker.call("teardown", self._eid)
-        except ORSError:
-            if self._worker.alive:
-                raise
-            # its worker is gone, and the environment with it
 
     def end(self) -> None:
         if self.state is not EpisodeState.ENDED:
-            self._worker.episodes -= 1
+            self._worker.hosts.pop(self._eid, None)
             self._worker.tell("end", self._eid)
         super().end()
 
@@ -320,33 +373,83 @@ class WorkerHosts(HostFactory):
         self._workers: list[_Worker] = []
         self._catalogs: dict[type[Environment], WorkerCatalogHost] = {}
         self._episode_ids = itertools.count(1)
+        self._worker_ids = itertools.count(1)
         self._directory = ""
+        self._path = ""
         self._server: asyncio.AbstractServer | None = None
         self._pending: dict[int, _Worker] = {}
+        self._closing = False
+        #: Workers that died young in a row (a crash loop when it grows); the restart backoff doubles with it.
+        self._young_deaths = 0
+        self._restarts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Start every worker; WorkerStartupError (with the worker's traceback) when one cannot import."""
         self._directory = tempfile.mkdtemp(prefix="ors-workers-")  # 0700: only this user can reach the hop
-        path = os.path.join(self._directory, "hop.sock")
-        self._server = await asyncio.start_unix_server(self._accept, path=path)
-        os.chmod(path, 0o600)
+        self._path = os.path.join(self._directory, "hop.sock")
+        self._server = await asyncio.start_unix_server(self._accept, path=self._path)
+        os.chmod(self._path, 0o600)
+        starting = [self._spawn() for _ in range(self._count)]
         try:
-            for worker_id in range(1, self._count + 1):
-                self._workers.append(self._spawn(worker_id, path))
-            await asyncio.gather(*(self._until_ready(worker) for worker in self._workers))
+            await asyncio.gather(*(self._until_ready(worker) for worker in starting))
         except BaseException:
+            self._workers = starting
             await self.close()
             raise
+        self._workers = starting
         logger.info("workers_started count=%d pids=%s", self._count,
                     ",".join(str(w.process.pid) for w in self._workers))
 
-    def _spawn(self, worker_id: int, path: str) -> _Worker:
+    def _spawn(self) -> _Worker:
+        worker_id = next(self._worker_ids)
         process = subprocess.Popen(
-            [sys.executable, "-m", "ors_grpc._runtime.workers.worker", path, str(worker_id), str(os.getpid())],
+            [sys.executable, "-m", "ors_grpc._runtime.workers.worker", self._path, str(worker_id), str(os.getpid())],
             stdin=subprocess.DEVNULL, env=_worker_environment(),
         )
-        worker = self._pending[worker_id] = _Worker(worker_id, process)
+        worker = self._pending[worker_id] = _Worker(worker_id, process, self._replace)
         return worker
+
+    def _replace(self, dead: _Worker) -> None:
+        """Start a worker in the place of `dead` (backing off while workers die young)."""
+        if self._closing:
+            return
+        if dead in self._workers:
+            self._workers.remove(dead)
+        young = asyncio.get_running_loop().time() - dead.started < YOUNG_DEATH_S
+        self._young_deaths = self._young_deaths + 1 if young else 0
+        task = asyncio.get_running_loop().create_task(self._restart(), name="ors-worker-restart")
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    def _backoff_s(self) -> float:
+        return 0.0 if self._young_deaths == 0 else min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** (self._young_deaths - 1))
+
+    async def _restart(self) -> None:
+        while not self._closing:
+            backoff = self._backoff_s()
+            if self._young_deaths == 3:  # once per crash loop
+                logger.error("worker_crash_loop young_deaths=%d backoff_s=%s workers_up=%d",
+                             self._young_deaths, backoff, len(self._workers))
+            await asyncio.sleep(backoff)
+            if self._closing:
+                return
+            worker = self._spawn()
+            try:
+                await self._until_ready(worker)
+            except WorkerStartupError as exc:
+                self._pending.pop(worker.worker_id, None)
+                if worker.process.poll() is None:
+                    worker.process.kill()
+                if self._young_deaths == 0:
+                    logger.error("worker_restart_failed %s", exc)
+                self._young_deaths += 1
+                continue
+            if self._closing:
+                await worker.stop()
+                return
+            self._workers.append(worker)
+            logger.info("worker_started worker=%d pid=%d", worker.worker_id, worker.process.pid)
+            return
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -384,7 +487,8 @@ class WorkerHosts(HostFactory):
     def least_loaded(self) -> _Worker:
         live = [worker for worker in self._workers if worker.alive]
         if not live:
-            raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR, "no worker process is running")
+            raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING,
+                           "no worker process is up: they are being restarted")
         return min(live, key=lambda worker: worker.episodes)
 
     def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
@@ -401,6 +505,9 @@ class WorkerHosts(HostFactory):
 
     async def close(self) -> None:
         """Stop every worker (after the session table ended its episodes)."""
+        self._closing = True
+        for task in list(self._restarts):
+            task.cancel()
         if self._server is not None:
             self._server.close()
         await asyncio.gather(*(worker.stop() for worker in self._workers))

@@ -23,6 +23,7 @@ import sys
 import traceback
 from typing import Any
 
+from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, portable_error, read_frame, write_frame
@@ -72,24 +73,32 @@ class _Episodes:
             env_name, task_spec, secrets = rest
             host = self.live[eid] = self.hosts.episode(self.environments[env_name])
             return await host.construct(task_spec, secrets)
+        if op == "end" or op == "teardown":
+            return await self._finish(eid, op)
         host = self.live[eid]
         if op == "attach_toolset":
             return await host.attach_toolset(self.toolsets[rest[0]])
         if op == "setup":
             return await self._setup(eid, host)
-        if op == "end":
-            host.end()
-            return None
-        if op == "teardown":
-            if eid not in self.setting_up:
-                await self._tear_down(eid, host)
-            return None
         if op == "run_tool":
             name, tool_input = rest
             tool = host.resolve_tool(name)
             return tool if isinstance(tool, RunToolOutput) else await host.run_tool(name, tool, tool_input)
         method = getattr(host, op)  # prompt, messages, task_tools, score_group
         return await method(*rest)
+
+    async def _finish(self, eid: int, op: str) -> None:
+        """`end`: the episode is over (forgotten at once unless there is a setup to wait for or a
+        teardown to run); `teardown`: run it (after the setup still running, if any)."""
+        host = self.live.get(eid)
+        if host is None:
+            return
+        if op == "end":
+            host.end()
+            if not host.set_up and eid not in self.setting_up:
+                del self.live[eid]
+        elif eid not in self.setting_up:
+            await self._tear_down(eid, host)
 
     async def _setup(self, eid: int, host: LocalEpisodeHost) -> None:
         self.setting_up.add(eid)
@@ -108,6 +117,10 @@ class _Episodes:
 async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: int, op: str, args: tuple) -> None:
     try:
         value = await episodes.run(op, args)
+    except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
+        if call_id:
+            write_frame(writer, (call_id, False, RuntimeError("the call was cancelled")))
+        return
     except Exception as exc:
         if call_id:
             write_frame(writer, (call_id, False, portable_error(exc)))
@@ -136,20 +149,31 @@ async def serve(socket_path: str, worker_id: int) -> None:
         return
     write_frame(writer, Ready())
     episodes = _Episodes(environments, toolsets)
-    running: set[asyncio.Task[None]] = set()
+    running: dict[int, asyncio.Task[None]] = {}
+    anonymous: set[asyncio.Task[None]] = set()
     while True:
         try:
             call_id, op, args = await read_frame(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             return  # the server closed the hop: it stopped, or died
+        if op == "cancel":
+            task = running.get(args[0])
+            if task is not None:
+                task.cancel()
+            continue
         task = asyncio.get_running_loop().create_task(_answer(writer, episodes, call_id, op, args))
-        running.add(task)
-        task.add_done_callback(running.discard)
+        if call_id:
+            running[call_id] = task
+            task.add_done_callback(lambda _, call_id=call_id: running.pop(call_id, None))
+        else:
+            anonymous.add(task)
+            task.add_done_callback(anonymous.discard)
 
 
 def main() -> None:
     socket_path, worker_id, parent_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     _die_with_parent(parent_pid)
+    user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     asyncio.run(serve(socket_path, worker_id))
     os._exit(0)  # sync code still running in threads must not keep a worker alive after its server
