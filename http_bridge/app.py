@@ -22,11 +22,13 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.observability import tracing
+from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
 from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
+from ._browsers import browser_checks, install_cors
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
@@ -535,6 +537,7 @@ def create_app(
     tls_server_name: Optional[str] = None,
     channel: Optional[Any] = None,
     http_limits: HttpLimits = HttpLimits(),
+    browser_policy: Optional[BrowserPolicy] = None,
 ) -> web.Application:
     """The HTTP/SSE bridge in front of the gRPC backend at `backend_target` ("host:port").
 
@@ -544,11 +547,16 @@ def create_app(
     path) the backend is reached over TLS. A given `channel` (such as
     `ors_grpc.server.in_process_channel(server)`) is used instead of opening one.
     `http_limits` are the HTTP port's timeouts and caps (see `_http_server`).
+    `browser_policy` says which `Host` and `Origin` are served (see `_browsers`;
+    None: a loopback-bound door's, with nothing more allowed).
     """
+    policy = browser_policy or BrowserPolicy.for_bind("127.0.0.1")
     app = web.Application(
-        middlewares=[record_metrics, errors_as_json, limit_body, guard_request, default_env_redirect],
+        middlewares=[record_metrics, browser_checks(policy), errors_as_json, limit_body, guard_request,
+                     default_env_redirect],
         client_max_size=max_body_bytes,
     )
+    install_cors(app, policy)
     app[LIMITS] = http_limits
     app[CONFIG] = BridgeConfig(
         backend_target=backend_target,
@@ -579,8 +587,10 @@ async def start_bridge(
     """Start the bridge on host:port (0 picks a free port); returns the runner and the bound port.
 
     With `ssl_context` it serves HTTPS. Stop it with `await runner.cleanup()`.
-    `options` are `create_app`'s.
+    `options` are `create_app`'s; without a `browser_policy`, that of a door
+    bound to `host` with nothing more allowed.
     """
+    options.setdefault("browser_policy", BrowserPolicy.for_bind(host))
     # A refused (413) body is drained for at most LINGER_S, not aiohttp's 10 s,
     # so that it cannot hold up a graceful stop.
     limits = options.get("http_limits", HttpLimits())

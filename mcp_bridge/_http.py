@@ -1,7 +1,10 @@
 """The door's HTTP side: the MCP SDK's streamable-HTTP session manager as an
 ASGI app, served by uvicorn inside the process's event loop.
 
-Every request passes the gate before the SDK reads a byte of it: the API key
+Every request passes the gate before the SDK reads a byte of it: first the
+`Host` and `Origin` rule of every door (`ors_grpc.protocol.browser_policy`:
+421 for a foreign `Host`, 403 for a foreign `Origin` on any request, CORS
+headers for an allowed one), then the API key
 (`x-api-key` or `Authorization: Bearer`) must be one the backend accepts
 (HTTP 401 otherwise) and the URL's environment one it serves (404), both
 asked of the backend (`ListEnvironments`, cached per key for a few seconds,
@@ -28,6 +31,13 @@ from starlette.types import Receive, Scope, Send
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.observability import tracing
 from ors_grpc.protocol import door
+from ors_grpc.protocol.browser_policy import (
+    FOREIGN_HOST_DETAIL,
+    FOREIGN_ORIGIN_DETAIL,
+    BrowserPolicy,
+    OriginKind,
+    is_preflight,
+)
 from ors_grpc.protocol.constants import (
     DEFAULT_KEEPALIVE_INTERVAL_S,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -46,19 +56,39 @@ ENV_CACHE_TTL_S = 5.0
 MAX_BODY_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
 #: Seconds open requests get to finish when the door stops.
 STOP_GRACE_S = 2.0
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: The SDK's own Host/Origin check is off: the gate applies the rule every door shares.
+_SDK_HOST_CHECK_OFF = TransportSecuritySettings(enable_dns_rebinding_protection=False)
 
 
 class _Gate:
-    """The API key and the environment, checked before the SDK reads the request."""
+    """Host and Origin, the API key and the environment, checked before the SDK reads the request."""
 
-    def __init__(self, manager: StreamableHTTPSessionManager, env_names: door.EnvNames, keepalive_s: float) -> None:
+    def __init__(self, manager: StreamableHTTPSessionManager, env_names: door.EnvNames, keepalive_s: float,
+                 policy: BrowserPolicy) -> None:
         self._manager = manager
         self._env_names = env_names
         self._keepalive_s = keepalive_s
+        self._policy = policy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        metadata = door.call_metadata(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if not self._policy.host_allowed(host):
+            return await _refuse(send, 421, FOREIGN_HOST_DETAIL)
+        origin = headers.get("origin")
+        if origin is not None:
+            # MCP asks servers to check Origin on every request: a stream (GET) carries answers too.
+            kind = self._policy.origin_kind(origin, host)
+            if kind is OriginKind.FOREIGN:
+                return await _refuse(send, 403, FOREIGN_ORIGIN_DETAIL)
+            if is_preflight(scope["method"], headers):
+                return await _answer_preflight(send, self._policy.preflight_headers(origin))
+            if kind is OriginKind.ALLOWED:
+                send = _with_headers(send, self._policy.cors_headers(origin))
+        await self._checked(scope, receive, send, headers)
+
+    async def _checked(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+        metadata = door.call_metadata(headers)
         try:
             names = await self._env_names.get(metadata)
         except grpc.aio.AioRpcError as exc:
@@ -69,6 +99,26 @@ class _Gate:
         if env.lower() not in names:
             return await _refuse(send, 404, f"unknown environment {env!r}; this server hosts: {', '.join(names)}")
         await serve_choosing_answers(self._manager.handle_request, scope, receive, send, self._keepalive_s)
+
+
+async def _answer_preflight(send: Send, cors_headers: dict[str, str]) -> None:
+    await send({"type": "http.response.start", "status": 204,
+                "headers": [(name.lower().encode(), value.encode()) for name, value in cors_headers.items()]})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _with_headers(send: Send, extra: dict[str, str]) -> Send:
+    """`send`, adding `extra` to the response's headers (in place of any of the same names)."""
+    encoded = [(name.lower().encode(), value.encode()) for name, value in extra.items()]
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            names = {name for name, _ in encoded}
+            kept = [(name, value) for name, value in message.get("headers", ()) if name.lower() not in names]
+            message = {**message, "headers": [*kept, *encoded]}
+        await send(message)
+
+    return sending
 
 
 async def _refuse(send: Send, status: int, detail: str) -> None:
@@ -101,18 +151,6 @@ def _listening_socket(host: str, port: int) -> socket.socket:
         raise
     sock.setblocking(False)
     return sock
-
-
-def _security_settings(host: str) -> Optional[TransportSecuritySettings]:
-    """DNS-rebinding protection when bound to loopback only, as the SDK's own apps have it."""
-    if host not in _LOOPBACK:
-        return None
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
-                         "https://127.0.0.1:*", "https://localhost:*", "https://[::1]:*"],
-    )
 
 
 def _quiet_sdk_logs() -> None:
@@ -160,6 +198,7 @@ async def start_mcp_door(
     tls_key: Optional[str] = None,
     tls_root_cert: Optional[str] = None,
     tls_server_name: Optional[str] = None,
+    browser_policy: Optional[BrowserPolicy] = None,
 ) -> tuple[McpDoor, int]:
     """Serve MCP (streamable HTTP) on host:port (0: a free port) onto the gRPC
     backend at `backend_target`, or over `channel` (the in-process channel of
@@ -167,8 +206,10 @@ async def start_mcp_door(
     `session_idle_timeout_s` is ended; an answer that waits on a tool gets a
     `: ping` every `keepalive_interval_s` (see `_answers`). With
     `tls_cert`/`tls_key` it serves HTTPS; with `tls_root_cert` it reaches the
-    backend over TLS."""
+    backend over TLS. `browser_policy` says which `Host` and `Origin` are
+    served (None: that of a door bound to `host`, with nothing more allowed)."""
     _quiet_sdk_logs()
+    policy = browser_policy or BrowserPolicy.for_bind(host)
     sock = _listening_socket(host, port)
     stack = contextlib.AsyncExitStack()
     try:
@@ -178,10 +219,10 @@ async def start_mcp_door(
             stack.push_async_callback(channel.close)
         stub = EnvironmentServiceStub(tracing.propagating(channel))
         manager = StreamableHTTPSessionManager(
-            app=build_server(stub), json_response=JSON_WHEN_CHOSEN, security_settings=_security_settings(host),
+            app=build_server(stub), json_response=JSON_WHEN_CHOSEN, security_settings=_SDK_HOST_CHECK_OFF,
             max_request_body_size=min(MAX_BODY_BYTES, max_message_bytes), session_idle_timeout=session_idle_timeout_s,
         )
-        gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S), keepalive_interval_s)
+        gate = _Gate(manager, door.EnvNames(stub, ENV_CACHE_TTL_S), keepalive_interval_s, policy)
         app = Router(routes=[Route("/{env}/mcp", gate), Route("/{env}/mcp/{session_id}", gate)])
         config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, ws="none", proxy_headers=False,
                                 timeout_graceful_shutdown=STOP_GRACE_S, ssl_certfile=tls_cert, ssl_keyfile=tls_key)

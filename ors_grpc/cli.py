@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=_port, metavar="PORT", default=None,
                        help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
     serve.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
+                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
     serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
     serve.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
@@ -221,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
                             "this process may use) instead of the server process; environments must be MODULE:CLASS")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
+    _add_browser_options(serve)
 
     drain = commands.add_parser(
         "drain", help="drain a running `ors-grpc serve` on this host", formatter_class=formatter,
@@ -243,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     bridge.add_argument("--http-port", type=_port, metavar="PORT", default=None,
                         help="HTTP port (0: any free port; none when only --mcp-port is given) (default: 8080)")
     bridge.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port)")
+                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
     bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
     bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
                         metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
@@ -258,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the name to check in the backend's certificate (default: the backend host)")
     bridge.add_argument("--log-level", **sub_log_level)
     _add_http_limits(bridge)
+    _add_browser_options(bridge)
     return parser
 
 
@@ -282,6 +284,19 @@ def _workers(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of workers (at least 1) or auto, got {value!r}") from None
 
 
+def _add_browser_options(parser: argparse.ArgumentParser) -> None:
+    """Which Host and Origin the HTTP and MCP doors serve (ors_grpc/protocol/browser_policy.py)."""
+    parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME[:PORT]",
+                        help="also serve requests whose Host is NAME (NAME:PORT: that port only; NAME:*: any port), "
+                             "as behind a proxy; repeatable (default: bound to loopback, only 127.0.0.1, localhost "
+                             "and [::1], so that web pages cannot reach the doors through DNS rebinding; bound "
+                             "elsewhere, any)")
+    parser.add_argument("--allowed-origin", dest="allowed_origins", action="append", default=[],
+                        metavar="SCHEME://NAME[:PORT]",
+                        help="let web pages served at this origin (SCHEME://NAME:*: any port) use the doors, with "
+                             "CORS answers; repeatable (default: none: a page of another origin cannot change state)")
+
+
 def _http_limits(args: argparse.Namespace) -> serving.HttpLimits:
     return serving.HttpLimits(header_timeout_s=args.http_header_timeout, body_timeout_s=args.http_body_timeout,
                               max_connections=args.http_max_connections)
@@ -302,6 +317,8 @@ async def _serve(args: argparse.Namespace) -> None:
         setup_wait_s=args.setup_wait,
         drain_timeout_s=args.drain_timeout,
         workers=args.workers,
+        allowed_hosts=tuple(args.allowed_hosts),
+        allowed_origins=tuple(args.allowed_origins),
     )
     toolsets = [load_toolset(spec) for spec in args.toolsets]
     await serving.serve(environments, host=args.host, port=args.port, http_port=args.http_port,
@@ -314,6 +331,7 @@ async def _bridge(args: argparse.Namespace) -> None:
         max_message_bytes=args.max_message_bytes, max_body_bytes=args.max_body_bytes,
         tls_cert=args.tls_cert, tls_key=args.tls_key,
         backend_tls_root_cert=args.backend_tls_root_cert, backend_tls_server_name=args.backend_tls_server_name,
+        allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
     )
     http_port = args.http_port if args.http_port is not None or args.mcp_port is not None else DEFAULT_BRIDGE_HTTP_PORT
     await serving.bridge(args.backend, host=args.host, http_port=http_port, mcp_port=args.mcp_port,

@@ -35,10 +35,13 @@ from ors_grpc._runtime.service import environment_map
 from ors_grpc._runtime.workers.supervisor import WorkerStartupError
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
+from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments", "drain", "serve"]
 
+#: How to install the MCP door's SDK, which is an extra (pyproject.toml says why).
+MCP_EXTRA_INSTALL = "pip install 'ors-grpc[mcp]'"
 #: Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
 
@@ -83,6 +86,8 @@ async def serve(
     certificate and key."""
     names = check_environments(environments)
     ssl_context = https_context(config.tls_cert, config.tls_key)
+    start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
+    policy = _browser_policy(host, config.allowed_hosts, config.allowed_origins)
     await _bind("gRPC", host, port, _probe_port(host, port))
     try:
         server, bound_port = await _bind(
@@ -101,14 +106,15 @@ async def serve(
                     _local_target(host, bound_port), host, http_port,
                     channel=server.in_process_channel, max_body_bytes=config.max_message_bytes,
                     max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, http_limits=http_limits,
+                    browser_policy=policy,
                 ))
                 runners.append(runner)
             bound_mcp_port = None
             if mcp_port is not None:
-                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, _mcp_door_starter()(
+                mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
                     _local_target(host, bound_port), host, mcp_port, channel=server.in_process_channel,
                     max_message_bytes=config.max_message_bytes, session_idle_timeout_s=config.session_timeout_s,
-                    tls_cert=config.tls_cert, tls_key=config.tls_key,
+                    tls_cert=config.tls_cert, tls_key=config.tls_key, browser_policy=policy,
                 ))
                 runners.append(mcp_door)
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
@@ -171,6 +177,9 @@ class BridgeOptions:
     backend_tls_root_cert: str | None = None
     #: The name to check in the backend's certificate (None: the backend host).
     backend_tls_server_name: str | None = None
+    #: `Host` values and page origins the doors serve beyond loopback's (as `ServerConfig`'s).
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
 
 async def bridge(
@@ -186,8 +195,10 @@ async def bridge(
     """Serve the HTTP door (on `http_port`) and the MCP door (on `mcp_port`) onto
     the gRPC backend at `backend` (HOST:PORT) until SIGINT/SIGTERM, announcing them once bound."""
     ssl_context = https_context(options.tls_cert, options.tls_key)
+    policy = _browser_policy(host, options.allowed_hosts, options.allowed_origins)
     if options.backend_tls_root_cert:
         _check_readable("--backend-tls-root-cert", options.backend_tls_root_cert)
+    start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     runners: list[Any] = []
     try:
         bound_http_port = bound_mcp_port = None
@@ -196,13 +207,15 @@ async def bridge(
                 backend, host, http_port, max_body_bytes=options.max_body_bytes or options.max_message_bytes,
                 max_message_bytes=options.max_message_bytes, http_limits=http_limits, ssl_context=ssl_context,
                 tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
+                browser_policy=policy,
             ))
             runners.append(runner)
         if mcp_port is not None:
-            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, _mcp_door_starter()(
+            mcp_door, bound_mcp_port = await _bind("MCP", host, mcp_port, start_mcp_door(
                 backend, host, mcp_port, max_message_bytes=options.max_message_bytes,
                 tls_cert=options.tls_cert, tls_key=options.tls_key,
                 tls_root_cert=options.backend_tls_root_cert, tls_server_name=options.backend_tls_server_name,
+                browser_policy=policy,
             ))
             runners.append(mcp_door)
         with _stop_signals() as stop:
@@ -352,6 +365,14 @@ def _serving_line(names: Sequence[str]) -> str:
     return "serving " + ", ".join([f"{first} (default)", *others])
 
 
+def _browser_policy(host: str, allowed_hosts: Sequence[str], allowed_origins: Sequence[str]) -> BrowserPolicy:
+    """The Host and Origin rule both doors bound to `host` share; a StartupError for a malformed entry."""
+    try:
+        return BrowserPolicy.for_bind(host, allowed_hosts, allowed_origins)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def https_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     """A server TLS context from PEM files, or None without them; a StartupError when they cannot serve."""
     if not cert and not key:
@@ -378,8 +399,16 @@ def _check_readable(option: str, path: str) -> None:
 
 def _mcp_door_starter() -> Any:
     """`mcp_bridge.start_mcp_door`, imported only when the MCP door is asked
-    for: the MCP SDK imports OpenTelemetry at import time, which a server
-    without the MCP door must not need."""
-    from mcp_bridge import start_mcp_door
-
+    for: its SDK is the `mcp` extra (pyproject.toml says why), and it imports
+    OpenTelemetry at import time, which a server without the MCP door must
+    not need. A StartupError naming the install command when it is missing."""
+    try:
+        from mcp_bridge import start_mcp_door
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "mcp_bridge":
+            raise
+        raise StartupError(
+            f"the MCP door (--mcp-port) needs the mcp extra, which is not installed (no module {exc.name!r}):"
+            f" {MCP_EXTRA_INSTALL}"
+        ) from None
     return start_mcp_door

@@ -100,6 +100,12 @@ class ServerConfig:
     #: When set, environments' code runs in this many worker processes
     #: (`_runtime/workers`), not in the server process.
     workers: int | None = None
+    #: `Host` values the HTTP and MCP doors serve beyond loopback's (NAME,
+    #: NAME:PORT or NAME:*; see `ors_grpc.protocol.browser_policy`).
+    allowed_hosts: tuple[str, ...] = ()
+    #: Origins of web pages served elsewhere that may use those doors
+    #: (SCHEME://NAME[:PORT] or SCHEME://NAME:*); they get CORS answers.
+    allowed_origins: tuple[str, ...] = ()
 
 
 class _ApiKeyInterceptor(grpc.aio.ServerInterceptor):

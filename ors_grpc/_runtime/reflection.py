@@ -2,7 +2,9 @@
 Postman, grpcui) can list, describe and call the service.
 
 What grpcio-reflection's servicer lacks, and this one adds: the `v1` service
-(it serves only `v1alpha`); method names as symbols (`describe
+(it serves only `v1alpha`); the types a refused call's status details carry
+(the `google.rpc` error model, which no service's file imports, so that
+grpcurl and the like decode an error's `ErrorInfo`); method names as symbols (`describe
 ors.v1.EnvironmentService.CallTool`: the protobuf pool does not index
 methods, see grpc/grpc#34743); and the contract's comments (the descriptors
 compiled into the generated modules carry no source info, so our files are
@@ -20,6 +22,8 @@ from typing import AsyncIterator, Iterable
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2
+
+from ors_grpc.protocol.errors import STATUS_MESSAGE_TYPES
 
 __all__ = ["REFLECTION_SERVICE_NAMES", "add_reflection"]
 
@@ -52,8 +56,8 @@ def _v1_reflection_file() -> descriptor_pb2.FileDescriptorProto:
 
 
 class _Files:
-    """The files that define the served services and their dependencies,
-    and a pool of them to find which file holds a symbol."""
+    """The files that define the served services, the status details' types
+    and their dependencies, and a pool of them to find which file holds a symbol."""
 
     def __init__(self, service_names: Iterable[str]) -> None:
         documented = _documented_files()
@@ -62,6 +66,8 @@ class _Files:
         for name in service_names:
             if not name.startswith(_V1 + "."):
                 self._collect(default.FindServiceByName(name).file, documented)
+        for message_type in STATUS_MESSAGE_TYPES:
+            self._collect(message_type.DESCRIPTOR.file, documented)
         self.pool = descriptor_pool.DescriptorPool()
         added: set[str] = set()
         for name in self.protos:

@@ -32,6 +32,7 @@ __all__ = [
     "REASONS",
     "RETRY_AFTER_S",
     "Reason",
+    "STATUS_MESSAGE_TYPES",
     "abort",
     "bounded_text",
     "environment_error",
@@ -48,6 +49,11 @@ logger = logging.getLogger("ors_grpc.errors")
 ERROR_DOMAIN = "ors.v1"
 #: Largest `ErrorInfo.metadata` value, in UTF-8 bytes (they are facts such as sizes).
 MAX_ERROR_METADATA_BYTES = 128
+#: The messages a refused call carries beside its responses' types: the
+#: `google.rpc.Status` in `grpc-status-details-bin` and its details' types
+#: (`trailing_metadata`). Reflection serves their files, so that generic tools
+#: (grpcurl, grpcui, Postman) decode the details.
+STATUS_MESSAGE_TYPES = (status_pb2.Status, error_details_pb2.ErrorInfo)
 
 Reason = errors_pb2.ErrorReason.ValueType
 

@@ -39,17 +39,3 @@ def test_bench_setup_seconds_mode_runs_both_loops_briefly():
         assert any(line.startswith(row) and len(line.split()) == 6 for line in lines), (row, done.stdout)
     assert any(line.startswith("batch-loop ratio (cold / prepared, 2 batches): ") for line in lines), done.stdout
     assert any(line.startswith("per-batch ratio from batch 2 on (median): ") for line in lines), done.stdout
-
-
-def test_bench_door_mcp_runs_the_mcp_door_next_to_the_bridge_briefly():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--door", "mcp", "--workers", "2", "--warmup", "0", "--duration", "0.3",
-         "--rounds", "1", "--image-mib", "0.0625", "--image-calls", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = done.stdout
-    assert "skipped" not in report and "first error" not in report, report
-    rows = [line.split()[0] for line in report.split("## Closed loop")[1].splitlines()[2:4]]
-    assert rows == ["bridge", "mcp"], report
-    assert "## Resident memory" not in report, report

@@ -20,6 +20,7 @@ import pytest
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from tests.support.extras import MCP_EXTRA_INSTALLED
 from tests.support.servers import ROOT, start_bridge, start_serve
 
 ORS_GRPC = str(Path(sys.executable).parent / "ors-grpc")
@@ -105,6 +106,14 @@ def test_a_second_server_on_the_same_grpc_port_is_refused_not_sharing_it() -> No
 def test_a_host_that_is_not_this_machines_is_one_line() -> None:
     # 192.0.2.0/24 is TEST-NET-1 (RFC 5737): never an address of this host.
     assert_startup_error(run_cli("serve", "--port", "0", "--host", "192.0.2.1"), "gRPC door: cannot listen on 192.0.2.1:0")
+
+
+@pytest.mark.skipif(MCP_EXTRA_INSTALLED, reason="the mcp extra is installed here; "
+                    "tests/environments/test_beside_openreward.py shows this where it is not")
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["bridge", "--backend", "127.0.0.1:50051"]])
+def test_the_mcp_door_without_the_mcp_extra_is_one_line_naming_the_install_command(command: list[str]) -> None:
+    assert_startup_error(run_cli(*command, "--mcp-port", "0"),
+                         "the MCP door (--mcp-port) needs the mcp extra", "pip install 'ors-grpc[mcp]'")
 
 
 # Environments ----------------------------------------------------------------
@@ -221,6 +230,17 @@ def test_a_missing_backend_root_certificate_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "root.pem"
     result = run_cli("bridge", "--backend", "127.0.0.1:50051", "--backend-tls-root-cert", str(missing))
     assert_startup_error(result, f"--backend-tls-root-cert {missing}: No such file or directory")
+
+
+# Allowed hosts and origins ---------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0", "--http-port", "0"],
+                                     ["bridge", "--backend", "127.0.0.1:50051", "--http-port", "0"]])
+@pytest.mark.parametrize("option, value", [("--allowed-origin", "*"), ("--allowed-origin", "null"),
+                                           ("--allowed-host", "*"), ("--allowed-host", "http://x.example")])
+def test_a_wildcard_or_malformed_allowed_host_or_origin_is_one_line(command: list[str], option: str, value: str) -> None:
+    assert_startup_error(run_cli(*command, option, value), f"{option} {value!r}: expected")
 
 
 # Options, help, startup lines ------------------------------------------------

@@ -1,6 +1,7 @@
 """OpenTelemetry tracing: one `/call` is one trace across the bridge and the service, through
-either door; a gRPC client's `traceparent` continues too; no secrets or tool input in spans;
-nothing installed while tracing is off; the OTEL_* environment turns it on in the CLI."""
+either door (the MCP door's in tests/mcp/test_tracing.py); a gRPC client's `traceparent` continues
+too; no secrets or tool input in spans; nothing installed while tracing is off; the OTEL_*
+environment turns it on in the CLI."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from http_bridge import create_app, start_bridge
 from http_bridge._tracing import trace_requests
-from mcp_bridge._server import build_server as build_mcp_server
 from ors_grpc.observability import tracing
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.server import create_server, in_process_channel
 from tests.support.bridge_http import parse_sse
+from tests.support.console_spans import CALL_TOOL, assert_one_call_trace, console_spans, drain
 from tests.support.grpc_calls import tool_call
 from tests.support.environments import EchoEnv
 from tests.support.servers import ROOT, start_serve
@@ -42,7 +43,6 @@ from tests.support.servers import start_bridge as start_bridge_process
 
 SECRET = "s3cr3t-value-never-in-spans"
 TOOL_INPUT = "tool-input-never-in-spans"
-CALL_TOOL = "ors.v1.EnvironmentService/CallTool"
 SPAN_WAIT_S = 10.0
 
 
@@ -190,8 +190,6 @@ async def test_tracing_off_installs_nothing() -> None:
         assert not any(isinstance(i, tracing.RpcTracingInterceptor) for i in channel._interceptors)
         assert trace_requests not in create_app(f"127.0.0.1:{port}", channel=channel).middlewares
         assert tracing.propagating(channel) is channel
-        mcp_middleware = build_mcp_server(pb_grpc.EnvironmentServiceStub(channel)).middleware
-        assert [handler.__name__ for handler in mcp_middleware] == ["initialize"]  # the door's own only
     finally:
         await server.stop(None)
 
@@ -199,29 +197,6 @@ async def test_tracing_off_installs_nothing() -> None:
 # ----------------------------------------------------------------------------
 # The CLI, configured by the standard environment, across processes
 # ----------------------------------------------------------------------------
-
-
-def console_spans(lines: list[str]) -> list[dict[str, Any]]:
-    """The spans a ConsoleSpanExporter printed (JSON objects, one after another, between log lines
-    that may hold braces too: `/{env}/mcp/{session_id}`)."""
-    text = "\n".join(lines)
-    decoder, spans, at = json.JSONDecoder(), [], 0
-    while (start := text.find("{", at)) != -1:
-        try:
-            span, at = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            at = start + 1
-            continue
-        if isinstance(span, dict) and "context" in span:
-            spans.append(span)
-    return spans
-
-
-def drain(process: Any) -> list[str]:
-    lines = []
-    while (line := process.lines.get(timeout=30)) is not None:
-        lines.append(line)
-    return lines
 
 
 def test_otel_environment_traces_serve_and_bridge_processes() -> None:
@@ -239,48 +214,6 @@ def test_otel_environment_traces_serve_and_bridge_processes() -> None:
     rpc_span = assert_one_call_trace(http_span, backend_spans, trace_id, "00f067aa0ba902b7")
     assert http_span["resource"]["attributes"]["service.name"] == "ors-bridge"
     assert rpc_span["resource"]["attributes"]["service.name"] == "ors-backend"
-
-
-def test_otel_environment_traces_an_mcp_call_into_its_rpc_and_tool() -> None:
-    otel = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    trace_id = "5bf92f3577b34da6a3ce929d0e0e4737"
-    with start_serve("tests.support.environments:EchoEnv", "--mcp-port", "0", env=otel) as serve:
-        asyncio.run(_one_mcp_call(f"{serve.mcp_url}/echoenv/mcp?split=train&index=0",
-                                  f"00-{trace_id}-00f067aa0ba902b8-01"))
-        serve.stop()
-        spans = console_spans(drain(serve))
-    mcp_span = next(span for span in spans if span["name"] == "tools/call echo")
-    assert_one_call_trace(mcp_span, spans, trace_id, "00f067aa0ba902b8")
-
-
-def assert_one_call_trace(door_span: dict[str, Any], backend_spans: list[dict[str, Any]], trace_id: str,
-                          parent_id: str) -> dict[str, Any]:
-    """The door's span continues the client's `parent_id` in `trace_id`, the CallTool RPC's span is its
-    child and the tool call's is the RPC's (console exporter spans); returns the RPC's span."""
-    rpc_span = next(span for span in backend_spans if span["name"] == CALL_TOOL)
-    tool_span = next(span for span in backend_spans if span["name"] == "execute_tool echo")
-    assert door_span["context"]["trace_id"] == rpc_span["context"]["trace_id"] == f"0x{trace_id}"
-    assert door_span["parent_id"] == f"0x{parent_id}"
-    assert rpc_span["parent_id"] == door_span["context"]["span_id"]
-    assert tool_span["parent_id"] == rpc_span["context"]["span_id"]
-    return rpc_span
-
-
-async def _one_mcp_call(url: str, traceparent: str) -> None:
-    """One MCP session on the convenience URL with one `tools/call` carrying `traceparent` in its `_meta`."""
-    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
-    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "echo", "arguments": {"text": "x"}, "_meta": {"traceparent": traceparent}}}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(url, json=initialize, headers=accept) as response:
-            assert response.status == 200
-            session = {"mcp-session-id": response.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-        async with http.post(url, json=call, headers={**accept, **session}) as response:
-            assert response.status == 200 and '"isError":false' in (await response.text()).replace(" ", "")
-        async with http.delete(url, headers=session) as response:
-            assert response.status < 300
 
 
 async def _one_episode(url: str, headers: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 from selenium import webdriver
@@ -35,8 +35,17 @@ FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
     "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--window-size=1400,1300", f"--proxy-server={NO_PROXY_THERE}",
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 )
+
+
+def _network_flags(rebound_names: Sequence[str]) -> list[str]:
+    """Every name but 127.0.0.1 unresolvable, but `rebound_names`: those resolve to 127.0.0.1 and
+    are reached without the proxy, as a DNS-rebinding page's name is once it has been rebound."""
+    rules = [f"MAP {name} 127.0.0.1" for name in rebound_names]
+    flags = ["--host-resolver-rules=" + ", ".join([*rules, "MAP * ~NOTFOUND", "EXCLUDE 127.0.0.1"])]
+    if rebound_names:
+        flags.append("--proxy-bypass-list=" + ";".join(rebound_names))
+    return flags
 
 
 class Browser:
@@ -111,12 +120,13 @@ class Browser:
 
 
 @contextmanager
-def chromium(origin: str) -> Iterator[Browser]:
-    """A fresh headless Chromium (its own profile) for the server at `origin`."""
+def chromium(origin: str, rebound_names: Sequence[str] = ()) -> Iterator[Browser]:
+    """A fresh headless Chromium (its own profile) for the server at `origin`; `rebound_names`
+    resolve to 127.0.0.1 (see `_network_flags`)."""
     browser_path, driver_path = chromium_and_driver()
     options = webdriver.ChromeOptions()
     options.binary_location = browser_path
-    for flag in FLAGS:
+    for flag in [*FLAGS, *_network_flags(rebound_names)]:
         options.add_argument(flag)
     with tempfile.TemporaryDirectory(prefix="ors-chromium-") as profile:
         options.add_argument(f"--user-data-dir={profile}")

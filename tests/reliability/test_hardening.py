@@ -180,13 +180,13 @@ def test_the_issues_examples_are_400(doors: Doors, door_index: int) -> None:
 def _malformed_heads(marker: bytes) -> dict[str, bytes]:
     """Request heads aiohttp refuses itself; each carries `marker`."""
     return {
-        "header too long": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Secrets: " + marker * (200_000 // len(marker))
+        "header too long": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Secrets: " + marker * (200_000 // len(marker))
                            + b"\r\n\r\n",
-        "bad method": b"G\x01T /" + marker + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-        "header without a colon": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Secrets " + marker + b"\r\n\r\n",
+        "bad method": b"G\x01T /" + marker + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        "header without a colon": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Secrets " + marker + b"\r\n\r\n",
         "TLS to the HTTP port": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + marker + b"\r\n\r\n",
         "bad version": b"GET /health HTTP/9." + marker + b"\r\n\r\n",
-        "bad content length": b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: " + marker + b"\r\n\r\n",
+        "bad content length": b"POST /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + marker + b"\r\n\r\n",
     }
 
 
@@ -206,8 +206,8 @@ def test_aiohttps_own_client_errors_are_json_with_one_warning_and_no_request_byt
     sent = len(heads)
     for method, template in ROUTES:
         path = _path(template).encode()
-        for head in (method.encode() + b" " + path + b" HTTP/1.1\r\nHost: x\r\nX-Secrets: " + marker * 8_000 + b"\r\n\r\n",
-                     method.encode() + b" " + path + b" HTTP/1.1\r\nHost: x\r\nX-Secrets " + marker + b"\r\n\r\n"):
+        for head in (method.encode() + b" " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Secrets: " + marker * 8_000 + b"\r\n\r\n",
+                     method.encode() + b" " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Secrets " + marker + b"\r\n\r\n"):
             status, _, body = _json_answer(raw_exchange(door.http_url, head))
             assert status == 400 and body["detail"] and SECRET[:10] not in body["detail"], (method, path, body)
             sent += 1
@@ -295,8 +295,8 @@ def _closed_after(sock: socket.socket) -> tuple[float, bytes]:
 def test_stalled_connections_are_closed_within_the_timeouts_and_health_keeps_answering(tmp_path: Path) -> None:
     with both_doors(tmp_path, ENVIRONMENTS, "--http-header-timeout", "2", "--http-body-timeout", "2") as running:
         for door in running.http:
-            heads = [_stall(door.http_url, b"POST /create HTTP/1.1\r\nHost: x\r\nX-Sess") for _ in range(STALLED)]
-            bodies = [_stall(door.http_url, b"POST /create HTTP/1.1\r\nHost: x\r\nX-Session-ID: s\r\n"
+            heads = [_stall(door.http_url, b"POST /create HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Sess") for _ in range(STALLED)]
+            bodies = [_stall(door.http_url, b"POST /create HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Session-ID: s\r\n"
                                             b"Content-Length: 1000\r\n\r\n{\"env") for _ in range(STALLED)]
             idle = [_stall(door.http_url, b"") for _ in range(STALLED)]
             status, body, _ = http_request(door.http_url, "GET", "/health")
@@ -323,7 +323,7 @@ def test_connections_over_the_cap_are_answered_503_and_health_answers_after(tmp_
         for door in running.http:
             held = [_stall(door.http_url, b"") for _ in range(cap)]
             time.sleep(0.5)  # accepted by the server
-            status, headers, body = _json_answer(raw_exchange(door.http_url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+            status, headers, body = _json_answer(raw_exchange(door.http_url, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
             assert status == 503 and headers["retry-after"] == "1" and body["detail"], (door.name, status, body)
             for sock in held:
                 sock.close()

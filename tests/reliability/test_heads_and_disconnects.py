@@ -77,7 +77,7 @@ def _send_head_and_read(address: tuple[str, int], head: bytes, answers: list[byt
 
 def _huge_head() -> bytes:
     lines = b"".join(b"X-Filler-%d: %s\r\n" % (index, b"f" * LINE_BYTES) for index in range(LINES))
-    return b"GET /health HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n"
+    return b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines + b"\r\n"
 
 
 def _status_and_detail(answer: bytes) -> tuple[int, str]:
@@ -113,13 +113,13 @@ def test_too_many_header_lines_are_431_and_a_64_kib_x_secrets_is_admitted(doors:
     door = doors.http[door_index]
     answers: list[bytes] = []
     lines = b"".join(b"X-H-%d: v\r\n" % index for index in range(MAX_REQUEST_HEADERS + 1))
-    _send_head_and_read(_address(door), b"GET /health HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n", answers)
+    _send_head_and_read(_address(door), b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines + b"\r\n", answers)
     assert _status_and_detail(answers[0]) == (431, f"Too many request headers (limit {MAX_REQUEST_HEADERS})")
 
     secrets = {"BIG": {"value": "k" * (64 * 1024)}}
     header = base64.b64encode(json.dumps(secrets).encode()).decode()
     body = json.dumps({"env_name": ENV, "task_spec": {"tag": "t"}}).encode()
-    request = (f"POST /create HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Session-ID: big-secrets-{door_index}\r\n"
+    request = (f"POST /create HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Session-ID: big-secrets-{door_index}\r\n"
                f"X-Secrets: {header}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
     answers.clear()
     _send_head_and_read(_address(door), request.encode() + body, answers)
@@ -152,7 +152,7 @@ async def _http_session(http: aiohttp.ClientSession) -> str:
 
 async def _disconnect_mid_body(address: tuple[str, int], path: str, sid: str) -> None:
     reader, writer = await asyncio.open_connection(*address)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Session-ID: {sid}\r\nContent-Type: application/json\r\n"
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Session-ID: {sid}\r\nContent-Type: application/json\r\n"
                  f"Content-Length: 1000\r\n\r\n{{\"name\": \"ec".encode())
     await writer.drain()
     await asyncio.sleep(0.05)

@@ -131,7 +131,10 @@ def http_request(live: Live, method: str, path: str, body: bytes, headers: dict[
     host, port = live.serve.http_url.removeprefix("http://").rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        connection.request(method, path, body=body, headers=headers)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered (and closed) before reading the whole body: its answer is read below
         response = connection.getresponse()
         return response.status, response.read(), dict(response.getheaders())
     finally:

@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"^(gRPC|HTTP|MCP) listening on (\S+):(\d+)$")
@@ -71,13 +71,20 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
 def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = None) -> Iterator[ServeProcess]:
     """Start `python -m ors_grpc.cli serve --port 0 *args` and wait until it
     listens; its stderr goes to `stderr` (a file), else to the test's."""
-    wants_http, wants_mcp = "--http-port" in args, "--mcp-port" in args
     process_env = {**os.environ, **(env or {})}
     process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args],
-        cwd=ROOT, env=process_env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
-    )
+    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args]
+    with run_serve(command, cwd=ROOT, env=process_env, stderr=stderr) as serve:
+        yield serve
+
+
+@contextmanager
+def run_serve(command: Sequence[str], *, cwd: Path, env: Mapping[str, str],
+              stderr: Any = None) -> Iterator[ServeProcess]:
+    """Start a `serve` `command` (any `ors-grpc serve`, as from another virtualenv)
+    and wait until it listens on the doors it asks for; stop it after."""
+    wants_http, wants_mcp = "--http-port" in command, "--mcp-port" in command
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
     serve = ServeProcess(proc)
     threading.Thread(target=_pump, args=(proc.stdout, serve.lines), daemon=True).start()
     try:
