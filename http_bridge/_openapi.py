@@ -320,7 +320,7 @@ class Operation:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_SESSION_ERRORS = (400, 404, 410, 500, 502, 503)
+_SESSION_ERRORS = (400, 404, 410, 500, 503)
 _FILE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
               "description": "The file's name."}
 
@@ -457,8 +457,6 @@ _STATUS_TEXT = {
     422: "The body is not JSON, or not of the expected shape; `detail` names the field",
     429: "Too many sessions or requests; retry after `Retry-After`",
     500: "The environment's code raised (a failed setup: its message), or an internal error",
-    502: "The worker process that held the episode ended (`serve --workers`): the episode is lost, "
-         "start a new one (`ERROR_REASON_ENVIRONMENT_CRASHED`)",
     503: "The gRPC backend is unavailable; retry after `Retry-After`",
 }
 

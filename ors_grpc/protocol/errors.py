@@ -96,9 +96,6 @@ REASONS: dict[int, Mapping] = {
     # Too deep or NaN (json_text's rules): the client's JSON, as any malformed request.
     errors_pb2.ERROR_REASON_JSON_LIMIT: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
     errors_pb2.ERROR_REASON_TOOLSET_REFUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
-    # The process behind the server that held the episode failed (502, as a
-    # gateway whose upstream failed); ABORTED: retrying the call cannot help.
-    errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED: Mapping(grpc.StatusCode.ABORTED, 502),
 }
 
 #: Seconds to wait before retrying, per reason: sent as the `retry-after`

@@ -195,20 +195,6 @@ class ErrorReason(betterproto.Enum):
      INVALID_ARGUMENT.
     """
 
-    ENVIRONMENT_CRASHED = 31
-    """
-    The process that held the episode's environment ended (a worker of
-     `serve --workers`: it exited, was killed by a signal, or was killed by
-     the server for running past its tool timeout or stalling): the episode's
-     state is gone. Every later call of the episode answers this; the call in
-     flight when it happened fails naming the exit too. The server never sends
-     the call again to another process (the tool may have run). ErrorInfo
-     metadata `exit_status` (a number) or `signal` (a name such as `SIGKILL`)
-     says how the process ended. ABORTED (HTTP 502): the server is fine and
-     the same call can never succeed on this episode; start a new episode. Not
-     UNAVAILABLE, which clients retry on their own.
-    """
-
 
 class RunToolErrorReason(betterproto.Enum):
     """
