@@ -100,6 +100,9 @@ class ServerConfig:
     #: When set, environments' code runs in this many worker processes
     #: (`_runtime/workers`), not in the server process.
     workers: int | None = None
+    #: With `workers`: a worker whose resident memory (RSS) passes this many
+    #: MiB is killed and replaced, its episodes lost (None: no limit).
+    worker_memory_limit_mib: float | None = None
     #: `Host` values the HTTP and MCP doors serve beyond loopback's (NAME,
     #: NAME:PORT or NAME:*; see `ors_grpc.protocol.browser_policy`).
     allowed_hosts: tuple[str, ...] = ()
@@ -261,7 +264,8 @@ def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegis
     """Where environments' code runs: in this process, or in `config.workers` worker processes."""
     if not config.workers:
         return LocalHosts()
-    return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets))
+    return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets),
+                       memory_limit_mib=config.worker_memory_limit_mib)
 
 
 async def create_server(

@@ -29,3 +29,11 @@ class WorkerProbeEnv(ProbeEnv):
 
         threading.Event().wait()
         return ToolOutput(blocks=[])
+
+    @tool
+    def hoard_memory(self) -> ToolOutput:
+        """Takes 300 MiB and keeps it (a leak), then answers."""
+        self.hoard = bytearray(300 * 1024 * 1024)
+        for offset in range(0, len(self.hoard), 4096):
+            self.hoard[offset] = 1  # touch every page: resident, not just reserved
+        return ToolOutput(blocks=[])

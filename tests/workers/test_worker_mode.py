@@ -173,6 +173,47 @@ async def test_a_sync_tool_hanging_past_its_timeout_and_the_grace_gets_its_worke
             assert reason == CRASHED[1] and metadata["signal"] == "SIGKILL"
 
 
+async def test_a_worker_over_the_memory_limit_is_killed_and_its_episode_says_why() -> None:
+    with start_serve(WORKER_PROBE, "--workers", "1", "--worker-memory-limit", "200") as serve:
+        async with grpc_stub(serve.grpc_target) as stub:
+            sid = await grpc_episode(stub, "hoarder", env_name="workerprobeenv")
+            await grpc_call(stub, sid, "hoard_memory")  # answered (or failed) before the next reading
+
+            async def crashed() -> bool:
+                try:
+                    await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+                except grpc.aio.AioRpcError:
+                    return True
+                return False
+
+            await eventually(crashed, "the worker over the limit to be killed")
+            _, reason, message, metadata = await grpc_crash_details(
+                stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
+            assert reason == CRASHED[1] and metadata["signal"] == "SIGKILL"
+            assert "its memory passed the limit of 200 MiB" in message
+            # A new worker serves new episodes (meanwhile creations answer UNAVAILABLE, to be retried).
+
+            async def served() -> bool:
+                try:
+                    fresh = await grpc_episode(stub, "fresh", env_name="workerprobeenv")
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+                    return False
+                return (await grpc_call(stub, fresh, "echo_tag"))[-1].result.output.blocks[0].text.text == "fresh"
+
+            await eventually(served, "a new worker to serve new episodes")
+
+
+def test_environments_that_workers_cannot_import_fail_the_start_with_the_traceback() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "ors_grpc.cli", "serve", "tests.support.worker_only_failing_environment:WorkerShyEnv",
+         "--port", "0", "--workers", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "a worker process could not import the environments" in done.stderr
+    assert "RuntimeError: no simulator licence in this process" in done.stderr
+
+
 def test_the_server_killed_leaves_no_worker_behind() -> None:
     with serve_workers("2") as serve:
         workers = _children(serve.proc.pid)

@@ -68,6 +68,8 @@ KILL_GRACE_S = 5.0
 #: (0.5 s, doubling, at most `MAX_RESTART_BACKOFF_S`) until one lives longer.
 YOUNG_DEATH_S = 10.0
 MAX_RESTART_BACKOFF_S = 30.0
+#: Seconds between two readings of the workers' memory (with a memory limit).
+MEMORY_POLL_S = 1.0
 #: What every call of an episode whose worker ended answers. A stand-in until
 #: ERROR_REASON_ENVIRONMENT_CRASHED (issue #29, branch `faults`) lands on main;
 #: ErrorInfo metadata `exit_status` or `signal` says how the worker ended.
@@ -104,6 +106,8 @@ def import_path(cls: type, what: str) -> str:
 class _Worker:
     """One worker process and its end of the hop."""
 
+    killed_because = ""
+
     def __init__(self, worker_id: int, process: subprocess.Popen[bytes], on_lost: Callable[[_Worker], None]) -> None:
         self.worker_id = worker_id
         self.process = process
@@ -122,6 +126,11 @@ class _Worker:
         self._abandoned: dict[int, asyncio.TimerHandle] = {}
         self._reading: asyncio.Task[None] | None = None
         self.crash: ORSError | None = None
+
+    def kill(self, why: str) -> None:
+        """SIGKILL the worker; its episodes are told `why`."""
+        self.killed_because = why
+        self.process.kill()
 
     @property
     def episodes(self) -> int:
@@ -157,7 +166,7 @@ class _Worker:
         if self.alive:
             logger.warning("worker_killed worker=%d reason=call_outlived_its_cancellation grace_s=%s episodes=%d",
                            self.worker_id, KILL_GRACE_S, self.episodes)
-            self.process.kill()
+            self.kill(f"a call still ran {KILL_GRACE_S:g}s after it was cancelled (its timeout)")
 
     def tell(self, op: str, *args: Any) -> None:
         """A message that wants no answer."""
@@ -193,7 +202,7 @@ class _Worker:
             if not self.stopping:
                 self.process.kill()  # a worker that closed its end is of no more use
             status = await asyncio.to_thread(self.process.wait)
-        self.crash = _crashed(status)
+        self.crash = _crashed(status, self.killed_because)
         for host in list(self.hosts.values()):
             host.crash(self.crash)
         for answer in self._calls.values():
@@ -218,7 +227,7 @@ class _Worker:
             await asyncio.wait({self._reading})
 
 
-def _crashed(status: int | None) -> ORSError:
+def _crashed(status: int | None, why: str = "") -> ORSError:
     """`CRASHED_REASON` for an episode whose worker ended with `status` (Popen's returncode)."""
     if status is not None and status < 0:
         try:
@@ -228,7 +237,7 @@ def _crashed(status: int | None) -> ORSError:
     else:
         metadata = {EXIT_STATUS_KEY: str(status)}
     return ORSError(CRASHED_REASON,
-                    f"the worker process running this episode exited ({_exit_text(status)}); "
+                    f"the worker process running this episode exited ({_exit_text(status)}{': ' + why if why else ''}); "
                     "the episode's state is lost: start a new episode", metadata)
 
 
@@ -366,8 +375,13 @@ class WorkerCatalogHost(CatalogHost):
 class WorkerHosts(HostFactory):
     """`count` worker processes for `environments` (and `toolsets`), supervised by the server."""
 
-    def __init__(self, count: int, environments: dict[str, type[Environment]], toolsets: dict[str, type]) -> None:
+    def __init__(
+        self, count: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
+        *, memory_limit_mib: float | None = None,
+    ) -> None:
         self._count = count
+        self._memory_limit_bytes = memory_limit_mib * 1024 * 1024 if memory_limit_mib else None
+        self._memory_watch: asyncio.Task[None] | None = None
         self._names = {env_cls: name for name, env_cls in environments.items()}
         self._setup = Setup(
             sys_path=list(sys.path),
@@ -402,6 +416,8 @@ class WorkerHosts(HostFactory):
             await self.close()
             raise
         self._workers = starting
+        if self._memory_limit_bytes is not None:
+            self._memory_watch = asyncio.get_running_loop().create_task(self._watch_memory(), name="ors-worker-memory")
         logger.info("workers_started count=%d pids=%s", self._count,
                     ",".join(str(w.process.pid) for w in self._workers))
 
@@ -489,6 +505,18 @@ class WorkerHosts(HostFactory):
             await asyncio.wait({worker.connected}, timeout=0.05)
         worker.connected.result()
 
+    async def _watch_memory(self) -> None:
+        """Kill a worker whose RSS passed the limit, before the machine's OOM killer picks the server."""
+        assert self._memory_limit_bytes is not None
+        while True:
+            await asyncio.sleep(MEMORY_POLL_S)
+            for worker in list(self._workers):
+                rss = _rss_bytes(worker.process.pid)
+                if worker.alive and rss is not None and rss > self._memory_limit_bytes:
+                    logger.error("worker_killed worker=%d reason=memory_limit rss_mib=%.0f limit_mib=%.0f episodes=%d",
+                                 worker.worker_id, rss / 2**20, self._memory_limit_bytes / 2**20, worker.episodes)
+                    worker.kill(f"its memory passed the limit of {self._memory_limit_bytes / 2**20:g} MiB")
+
     def least_loaded(self) -> _Worker:
         live = [worker for worker in self._workers if worker.alive]
         if not live:
@@ -511,7 +539,7 @@ class WorkerHosts(HostFactory):
     async def close(self) -> None:
         """Stop every worker (after the session table ended its episodes)."""
         self._closing = True
-        for task in list(self._restarts):
+        for task in [*self._restarts, *filter(None, [self._memory_watch])]:
             task.cancel()
         if self._server is not None:
             self._server.close()
@@ -520,6 +548,18 @@ class WorkerHosts(HostFactory):
             worker.process.kill()
         if self._directory:
             shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _rss_bytes(pid: int) -> int | None:
+    """A process's resident memory (VmRSS), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _worker_environment() -> dict[str, str]:
