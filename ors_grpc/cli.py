@@ -219,6 +219,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
                        help="run environments' code in N supervised worker processes (auto: one per CPU "
                             "this process may use) instead of the server process; environments must be MODULE:CLASS")
+    serve.add_argument("--isolation", choices=["episode"], default=None,
+                       help="episode: every episode in a process of its own, which ends with it (a fault costs "
+                            "exactly its episode), from a pool of --workers (default 2) started processes")
     serve.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
                        help="with --workers: a worker whose resident memory passes MIB is killed and replaced "
                             "(its episodes are lost, and say so)")
@@ -321,6 +324,7 @@ async def _serve(args: argparse.Namespace) -> None:
         drain_timeout_s=args.drain_timeout,
         workers=args.workers,
         worker_memory_limit_mib=args.worker_memory_limit,
+        isolation=args.isolation,
         allowed_hosts=tuple(args.allowed_hosts),
         allowed_origins=tuple(args.allowed_origins),
     )

@@ -32,7 +32,7 @@ from ors_grpc._runtime.environment_host import HostFactory
 from ors_grpc._runtime.local_hosts import LocalHosts
 from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry, environment_map, toolset_map
 from ors_grpc._runtime.sessions import SessionTable
-from ors_grpc._runtime.workers.supervisor import WorkerHosts
+from ors_grpc._runtime.workers.supervisor import IsolatedHosts, WorkerHosts
 from ors_grpc.protocol.constants import (
     API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -103,6 +103,9 @@ class ServerConfig:
     #: With `workers`: a worker whose resident memory (RSS) passes this many
     #: MiB is killed and replaced, its episodes lost (None: no limit).
     worker_memory_limit_mib: float | None = None
+    #: "episode": every episode in a process of its own, ended with it, from
+    #: a pool of `workers` (default 2) started processes (None: episodes share workers).
+    isolation: str | None = None
     #: `Host` values the HTTP and MCP doors serve beyond loopback's (NAME,
     #: NAME:PORT or NAME:*; see `ors_grpc.protocol.browser_policy`).
     allowed_hosts: tuple[str, ...] = ()
@@ -262,6 +265,9 @@ def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 
 def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegistry, config: ServerConfig) -> HostFactory:
     """Where environments' code runs: in this process, or in `config.workers` worker processes."""
+    if config.isolation == "episode":
+        return IsolatedHosts(config.workers or 2, environment_map(environments), toolset_map(toolsets),
+                             memory_limit_mib=config.worker_memory_limit_mib)
     if not config.workers:
         return LocalHosts()
     return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets),

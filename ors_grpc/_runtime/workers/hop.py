@@ -52,6 +52,8 @@ class Setup:
     #: Toolsets sessions may attach, as "module:qualname" (attached by that path).
     toolsets: list[str] = field(default_factory=list)
     log_level: int = 20
+    #: `--isolation episode`: the worker exits once its one episode is over.
+    exit_after_episode: bool = False
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ replaced, so no thread outlives its call's timeout by more than the grace.
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
 import itertools
 import logging
 import os
@@ -54,7 +56,7 @@ from ors_grpc.authoring.environment import Environment, overrides
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
 from ors_grpc.protocol.errors import ORSError
 
-__all__ = ["WorkerHosts", "WorkerStartupError", "worker_count"]
+__all__ = ["IsolatedHosts", "WorkerHosts", "WorkerStartupError", "worker_count"]
 
 logger = logging.getLogger("ors_grpc.workers")
 
@@ -141,6 +143,11 @@ class _Worker:
         self._reading = asyncio.get_running_loop().create_task(self._read_forever(), name=f"ors-worker-{self.worker_id}")
 
     async def call(self, op: str, *args: Any) -> Any:
+        if not self.connected.done():  # a process started for this episode (`--isolation episode`)
+            try:
+                await asyncio.shield(self.connected)
+            except WorkerStartupError as exc:
+                raise ORSError(CRASHED_REASON, f"the process for this episode could not start: {exc}") from None
         if not self.alive:
             raise self.crash or _crashed(self.process.poll())
         call_id = next(self._call_ids)
@@ -209,8 +216,9 @@ class _Worker:
             if not answer.done():
                 answer.set_exception(self.crash)
         if not self.stopping:
-            logger.error("worker_exited worker=%d pid=%d %s episodes_lost=%d", self.worker_id, self.process.pid,
-                         _exit_text(status), len(self.hosts))
+            if status != 0 or self.hosts:
+                logger.error("worker_exited worker=%d pid=%d %s episodes_lost=%d", self.worker_id, self.process.pid,
+                             _exit_text(status), len(self.hosts))
             self._on_lost(self)
 
     async def stop(self) -> None:
@@ -565,3 +573,87 @@ def _rss_bytes(pid: int) -> int | None:
 def _worker_environment() -> dict[str, str]:
     """The server's environment for a worker, unbuffered (its log lines arrive whole)."""
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+class IsolatedHosts(WorkerHosts):
+    """`--isolation episode`: every episode in a process of its own, which ends
+    with the episode. `pool` processes (environments imported) are kept
+    started and idle, so creating an episode does not wait for a process
+    start; a fault costs exactly its own episode."""
+
+    def __init__(
+        self, pool: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
+        *, memory_limit_mib: float | None = None,
+    ) -> None:
+        super().__init__(pool, environments, toolsets, memory_limit_mib=memory_limit_mib)
+        self._setup = dataclasses.replace(self._setup, exit_after_episode=True)
+        #: Started processes no episode has claimed yet, oldest first.
+        self._idle: collections.deque[_Worker] = collections.deque()
+        self._starting = 0
+
+    async def start(self) -> None:
+        await super().start()
+        self._idle.extend(self._workers)
+
+    def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
+        while self._idle and not self._idle[0].alive:
+            self._idle.popleft()
+        if self._idle:
+            worker = self._idle.popleft()
+        else:  # the pool ran dry: a process of its own all the same, its calls wait for it to start
+            worker = self._spawn()
+            self._watch_start(worker, into_pool=False)
+            self._workers.append(worker)
+        self._top_up()
+        return WorkerEpisodeHost(env_cls, self._names[env_cls], worker, next(self._episode_ids))
+
+    def least_loaded(self) -> _Worker:
+        """For class-level calls: an idle process (it stays idle after them)."""
+        for worker in self._idle:
+            if worker.alive:
+                return worker
+        return super().least_loaded()
+
+    def _top_up(self) -> None:
+        while not self._closing and len(self._idle) + self._starting < self._count:
+            self._watch_start(self._spawn(), into_pool=True)
+
+    def _watch_start(self, worker: _Worker, *, into_pool: bool) -> None:
+        if into_pool:
+            self._starting += 1
+        task = asyncio.get_running_loop().create_task(self._started(worker, into_pool), name="ors-episode-process")
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _started(self, worker: _Worker, into_pool: bool) -> None:
+        try:
+            await self._until_ready(worker)
+        except WorkerStartupError as exc:
+            self._pending.pop(worker.worker_id, None)
+            if worker.process.poll() is None:
+                worker.process.kill()
+            if not worker.connected.done():
+                worker.connected.set_exception(exc)
+            logger.error("episode_process_start_failed %s", exc)
+            if into_pool:
+                self._starting -= 1
+                self._young_deaths += 1
+                await asyncio.sleep(self._backoff_s())
+                self._top_up()
+            return
+        self._young_deaths = 0
+        if into_pool:
+            self._starting -= 1
+            if self._closing:
+                await worker.stop()
+                return
+            self._workers.append(worker)
+            self._idle.append(worker)
+
+    def _replace(self, dead: _Worker) -> None:
+        """A process ended (with its episode, or crashed): it is not restarted; the pool is topped up."""
+        if dead in self._workers:
+            self._workers.remove(dead)
+        if dead in self._idle:
+            self._idle.remove(dead)
+        self._top_up()

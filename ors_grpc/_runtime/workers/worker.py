@@ -63,6 +63,12 @@ class _Episodes:
         self.live: dict[int, LocalEpisodeHost] = {}
         #: Episodes whose setup runs: ended during it, they are torn down after it.
         self.setting_up: set[int] = set()
+        self.hosted_one = False
+        self.exit_after_episode = False
+
+    @property
+    def idle_after_an_episode(self) -> bool:
+        return self.hosted_one and not self.live and not self.setting_up
 
     async def run(self, op: str, args: tuple) -> Any:
         if op == "catalog":
@@ -72,6 +78,7 @@ class _Episodes:
         if op == "construct":
             env_name, task_spec, secrets = rest
             host = self.live[eid] = self.hosts.episode(self.environments[env_name])
+            self.hosted_one = True
             return await host.construct(task_spec, secrets)
         if op == "end" or op == "teardown":
             return await self._finish(eid, op)
@@ -130,6 +137,9 @@ async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: in
             write_frame(writer, (call_id, True, value))
         except Exception as exc:  # a result that cannot be pickled
             write_frame(writer, (call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+    if episodes.exit_after_episode and episodes.idle_after_an_episode:
+        await writer.drain()
+        os._exit(0)  # `--isolation episode`: the process ends with its episode
 
 
 async def serve(socket_path: str, worker_id: int) -> None:
@@ -149,6 +159,7 @@ async def serve(socket_path: str, worker_id: int) -> None:
         return
     write_frame(writer, Ready())
     episodes = _Episodes(environments, toolsets)
+    episodes.exit_after_episode = setup.exit_after_episode
     running: dict[int, asyncio.Task[None]] = {}
     anonymous: set[asyncio.Task[None]] = set()
     while True:
