@@ -193,6 +193,11 @@ class HostFactory(abc.ABC):
     async def close(self) -> None:
         """Release what `start` took, after the session table ended every episode."""
 
+    def watch_availability(self, on_change: Callable[[bool], None]) -> None:
+        """Be told when the hosts stop (False) or start again (True) being able
+        to take new episodes (worker processes all down and coming back).
+        In-process hosts always can: they never call it."""
+
     @abc.abstractmethod
     def episode(self, env_cls: type[Environment]) -> EpisodeHost:
         """A host for a new episode of `env_cls` (CONSTRUCTING, nothing run yet)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
 import inspect
 from dataclasses import dataclass
@@ -263,6 +264,23 @@ def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _availability_changed(health_servicer: Any, available: bool) -> None:
+    """Health follows the workers: NOT_SERVING while none is up (a crash loop), SERVING again after.
+    (A drain's graceful shutdown makes later changes no-ops.)"""
+    status = health_pb2.HealthCheckResponse.SERVING if available else health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def set_both() -> None:
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, status)
+
+    task = asyncio.get_running_loop().create_task(set_both(), name="ors-health")
+    _HEALTH_UPDATES.add(task)
+    task.add_done_callback(_HEALTH_UPDATES.discard)
+
+
+_HEALTH_UPDATES: set[asyncio.Task[None]] = set()
+
+
 def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegistry, config: ServerConfig) -> HostFactory:
     """Where environments' code runs: in this process, or in `config.workers` worker processes."""
     if config.isolation == "episode":
@@ -355,6 +373,7 @@ async def _create_server(
     sessions.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    hosts.watch_availability(functools.partial(_availability_changed, health_servicer))
     return RunningServer(server, sessions, health_servicer, in_process, drain), port
 
 

@@ -4,9 +4,17 @@ need to see (which process ran a call) travels in tool outputs."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 from ors_grpc import ToolOutput, tool
 from tests.support.reliability_environments import ProbeEnv
+
+#: A file whose existence keeps worker processes from importing this module (a crash loop), once set.
+POISON_VARIABLE = "ORS_TEST_WORKER_POISON"
+
+if sys.argv[0].endswith("worker.py") and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
+    raise RuntimeError("poisoned: this worker cannot start")
 
 
 class WorkerProbeEnv(ProbeEnv):
@@ -37,3 +45,9 @@ class WorkerProbeEnv(ProbeEnv):
         for offset in range(0, len(self.hoard), 4096):
             self.hoard[offset] = 1  # touch every page: resident, not just reserved
         return ToolOutput(blocks=[])
+
+    @tool
+    def poison_and_exit(self) -> ToolOutput:
+        """Keeps every new worker from starting (the poison file), then ends this one."""
+        Path(os.environ[POISON_VARIABLE]).write_text("poison")
+        os._exit(1)

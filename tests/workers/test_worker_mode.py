@@ -24,6 +24,7 @@ from tests.support.reliability_helpers import (
     eventually, grpc_call, grpc_episode, grpc_stats, grpc_stub, http_episode, open_sessions,
 )
 from tests.support.servers import ROOT, start_serve
+from tests.support.worker_environments import POISON_VARIABLE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -212,6 +213,29 @@ def test_environments_that_workers_cannot_import_fail_the_start_with_the_traceba
     assert done.returncode == 2, done.stderr
     assert "a worker process could not import the environments" in done.stderr
     assert "RuntimeError: no simulator licence in this process" in done.stderr
+
+
+async def test_a_crash_loop_makes_health_not_serving_until_a_worker_starts_again(tmp_path: Path) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    poison = tmp_path / "poison"
+    with start_serve(WORKER_PROBE, "--workers", "1", env={POISON_VARIABLE: str(poison)}) as serve:
+        async with grpc.aio.insecure_channel(serve.grpc_target) as channel, grpc_stub(serve.grpc_target) as stub:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            async def health_is(status: int) -> bool:
+                return (await health.Check(health_pb2.HealthCheckRequest())).status == status
+
+            sid = await grpc_episode(stub, "poisoner", env_name="workerprobeenv")
+            await grpc_call(stub, sid, "poison_and_exit")
+            await eventually(lambda: health_is(health_pb2.HealthCheckResponse.NOT_SERVING), "health NOT_SERVING")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await grpc_episode(stub, "meanwhile", env_name="workerprobeenv")
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # retry later
+            poison.unlink()  # the environment can start again: a restart, after the backoff, succeeds
+            await eventually(lambda: health_is(health_pb2.HealthCheckResponse.SERVING), "health SERVING again")
+            fresh = await grpc_episode(stub, "fresh", env_name="workerprobeenv")
+            assert (await grpc_call(stub, fresh, "echo_tag"))[-1].result.output.blocks[0].text.text == "fresh"
 
 
 def test_the_server_killed_leaves_no_worker_behind() -> None:

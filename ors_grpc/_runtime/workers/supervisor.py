@@ -409,6 +409,8 @@ class WorkerHosts(HostFactory):
         #: Workers that died young in a row (a crash loop when it grows); the restart backoff doubles with it.
         self._young_deaths = 0
         self._restarts: set[asyncio.Task[None]] = set()
+        self._on_availability: Callable[[bool], None] | None = None
+        self._available = True
 
     async def start(self) -> None:
         """Start every worker; WorkerStartupError (with the worker's traceback) when one cannot import."""
@@ -446,9 +448,21 @@ class WorkerHosts(HostFactory):
             self._workers.remove(dead)
         young = asyncio.get_running_loop().time() - dead.started < YOUNG_DEATH_S
         self._young_deaths = self._young_deaths + 1 if young else 0
+        self._notify_availability()
         task = asyncio.get_running_loop().create_task(self._restart(), name="ors-worker-restart")
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    def watch_availability(self, on_change: Callable[[bool], None]) -> None:
+        self._on_availability = on_change
+
+    def _notify_availability(self) -> None:
+        available = any(worker.alive for worker in self._workers)
+        if available != self._available:
+            self._available = available
+            logger.log(logging.INFO if available else logging.ERROR, "workers_available=%s", available)
+            if self._on_availability is not None:
+                self._on_availability(available)
 
     def _backoff_s(self) -> float:
         return 0.0 if self._young_deaths == 0 else min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** (self._young_deaths - 1))
@@ -478,6 +492,7 @@ class WorkerHosts(HostFactory):
                 return
             self._workers.append(worker)
             logger.info("worker_started worker=%d pid=%d", worker.worker_id, worker.process.pid)
+            self._notify_availability()
             return
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
