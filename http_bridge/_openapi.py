@@ -380,8 +380,8 @@ OPERATIONS: tuple[Operation, ...] = (
               description="Waits for setup. Any `{env}` is accepted."),
     Operation("post", "/{env}/call", "call_tool", "Run a tool (or reattach by task_id)", "episode",
               "RunToolOutput", body="CallBody", session=True, errors=_SESSION_ERRORS, sse=True,
-              description="Waits for setup; errors before the call starts (unknown session 404, deleted 410, "
-                          "setup failed 500) are HTTP statuses, later ones are SSE `error` events.\n\n"
+              description="Waits for setup; errors before the call starts (unknown session 404, deleted or its "
+                          "environment's process dead 410, setup failed 500) are HTTP statuses, later ones are SSE `error` events.\n\n"
                           + SSE_GRAMMAR + "\n\nEvents:\n\n" + CALL_EVENTS,
               extra={"parameters": [_idempotency_key_header("call", "running the tool again",
                                                              "another tool or input")]}),
@@ -452,7 +452,9 @@ _STATUS_TEXT = {
     400: "Bad request (see `detail`)",
     401: "Missing or wrong API key (when the server requires one)",
     404: "Unknown environment, or no active episode for the session (or no such file)",
-    410: "The session was deleted while the call waited for setup",
+    410: ("The episode is gone: the session was deleted while the call waited for setup, or the process "
+          "running its environment's code died (a crash, a signal, or killed for a tool timeout, a stall or "
+          "its memory limit; `detail` says which). Start a new episode; do not retry the call"),
     413: "Request body over the size limit",
     422: "The body is not JSON, or not of the expected shape; `detail` names the field",
     429: "Too many sessions or requests; retry after `Retry-After`",

@@ -62,8 +62,9 @@ _DRAINING_BASE_DELAY_S = 0.05
 _DRAINING_MAX_DELAY_S = 1.0
 #: How long a creation keeps being made again while it reaches draining servers.
 DRAINING_PATIENCE_S = 30.0
-#: The session is gone server-side: pinging it again is pointless.
-_SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED"}
+#: The session is gone server-side (or its environment's process died with its
+#: state): pinging it again is pointless.
+_SESSION_GONE = {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED", "ERROR_REASON_ENVIRONMENT_CRASHED"}
 #: A call waited the server's bound for setup; nothing ran, so it is asked again.
 _STARTING = "ERROR_REASON_ENVIRONMENT_STARTING"
 #: How long a session call keeps asking again while the environment starts.

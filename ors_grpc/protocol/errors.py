@@ -16,6 +16,7 @@ text is cut, the whole (secret-masked) text goes to the log.
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Mapping as MappingType, NamedTuple, Optional
 
 import grpc
@@ -26,6 +27,15 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, MAX_ERROR_TEXT_BYTES, STATUS_DETAILS_METADATA_KEY
 
 __all__ = [
+    "CRASH_CAUSES",
+    "CRASH_CAUSE_EXITED",
+    "CRASH_CAUSE_MEMORY_LIMIT",
+    "CRASH_CAUSE_SIGNAL",
+    "CRASH_CAUSE_STALLED",
+    "CRASH_CAUSE_TOOL_TIMEOUT",
+    "CRASH_CAUSE_KEY",
+    "CRASH_EXIT_STATUS_KEY",
+    "CRASH_SIGNAL_KEY",
     "ERROR_DOMAIN",
     "GRPC_TO_HTTP",
     "ORSError",
@@ -35,11 +45,14 @@ __all__ = [
     "STATUS_MESSAGE_TYPES",
     "abort",
     "bounded_text",
+    "environment_crashed",
+    "environment_crashed_from_exitcode",
     "environment_error",
     "http_status_for",
     "json_limit",
     "logged_bounded_text",
     "message_too_large",
+    "signal_name",
     "trailing_metadata",
 ]
 
@@ -96,6 +109,15 @@ REASONS: dict[int, Mapping] = {
     # Too deep or NaN (json_text's rules): the client's JSON, as any malformed request.
     errors_pb2.ERROR_REASON_JSON_LIMIT: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
     errors_pb2.ERROR_REASON_TOOLSET_REFUSED: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
+    # The process running the episode's code died: the episode is gone and
+    # the call may have run, so nothing may retry it on its own. Never a 500
+    # or a 502-504: ors-sdk retries every 5xx and 429, openreward's env-server
+    # policy 429/502/503/504, our client UNAVAILABLE; 410 is retried by none,
+    # and openreward turns it into SessionTerminatedError (the session marked
+    # dead), which is the truth. ABORTED is not among Envoy's or grpc's
+    # retriable codes (we list UNAVAILABLE only) and means "retry at a higher
+    # level": start a new episode. As SESSION_DELETED, which it resembles.
+    errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED: Mapping(grpc.StatusCode.ABORTED, 410),
 }
 
 #: Seconds to wait before retrying, per reason: sent as the `retry-after`
@@ -178,6 +200,82 @@ def environment_error(message: str) -> ORSError:
     """The environment's own code raised (outside a tool): `message` names
     the exception (secrets already masked)."""
     return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR, message)
+
+
+#: ENVIRONMENT_CRASHED's `ErrorInfo.metadata` keys: why the process ended
+#: (one of CRASH_CAUSES), its exit status, or the name of the signal that
+#: killed it (`SIGSEGV`).
+CRASH_CAUSE_KEY = "cause"
+CRASH_EXIT_STATUS_KEY = "exit_status"
+CRASH_SIGNAL_KEY = "signal"
+#: The process exited by itself (`os._exit`, a native abort's exit status).
+CRASH_CAUSE_EXITED = "exited"
+#: A signal from outside the server killed it (SIGSEGV, the OOM killer's SIGKILL).
+CRASH_CAUSE_SIGNAL = "signal"
+#: The server killed it: a call's code still ran a grace period after its tool timeout.
+CRASH_CAUSE_TOOL_TIMEOUT = "tool_timeout"
+#: The server killed it: its event loop lagged, or it stopped reporting, past the stall limit.
+CRASH_CAUSE_STALLED = "stalled"
+#: The server killed it: its memory went over the worker memory limit.
+CRASH_CAUSE_MEMORY_LIMIT = "memory_limit"
+CRASH_CAUSES = frozenset({
+    CRASH_CAUSE_EXITED, CRASH_CAUSE_SIGNAL, CRASH_CAUSE_TOOL_TIMEOUT, CRASH_CAUSE_STALLED, CRASH_CAUSE_MEMORY_LIMIT,
+})
+#: How each cause reads in the message, after "the environment's worker process".
+_CRASH_WORDING = {
+    CRASH_CAUSE_TOOL_TIMEOUT: "was killed because a tool call still ran past its timeout",
+    CRASH_CAUSE_STALLED: "was killed because its event loop stalled",
+    CRASH_CAUSE_MEMORY_LIMIT: "was killed for going over its memory limit",
+}
+
+
+def signal_name(signal_number: int) -> str:
+    """`SIGSEGV` for 11; `signal 99` for a number with no name here."""
+    try:
+        return signal.Signals(signal_number).name
+    except ValueError:
+        return f"signal {signal_number}"
+
+
+def environment_crashed(cause: str, *, exit_status: Optional[int] = None,
+                        signal_number: Optional[int] = None) -> ORSError:
+    """The process running an episode's environment code ended (`cause`, one
+    of CRASH_CAUSES, with its exit status or the signal that ended it when
+    known): ERROR_REASON_ENVIRONMENT_CRASHED with a message naming what
+    happened, e.g. "the environment's worker process was killed by SIGSEGV;
+    the episode's state is lost", and the facts in metadata."""
+    if cause not in CRASH_CAUSES:
+        raise ValueError(f"unknown crash cause {cause!r}; expected one of {sorted(CRASH_CAUSES)}")
+    metadata = {CRASH_CAUSE_KEY: cause}
+    if cause in _CRASH_WORDING:
+        what = _CRASH_WORDING[cause]
+    elif signal_number is not None:
+        what = f"was killed by {signal_name(signal_number)}"
+    elif exit_status is not None:
+        what = f"exited with status {exit_status}"
+    else:
+        what = "ended"
+    if signal_number is not None:
+        metadata[CRASH_SIGNAL_KEY] = signal_name(signal_number)
+        if cause in _CRASH_WORDING:
+            what += f" ({signal_name(signal_number)})"
+    if exit_status is not None:
+        metadata[CRASH_EXIT_STATUS_KEY] = str(exit_status)
+    return ORSError(
+        errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED,
+        f"the environment's worker process {what}; the episode's state is lost: start a new episode",
+        metadata,
+    )
+
+
+def environment_crashed_from_exitcode(exitcode: int, cause: Optional[str] = None) -> ORSError:
+    """`environment_crashed` from a process's exit code as multiprocessing's
+    `Process.exitcode` and subprocess's `returncode` give it (-N: killed by
+    signal N). `cause` defaults to `signal` or `exited` by that code; the
+    server passes its own when it did the killing (`tool_timeout`, ...)."""
+    if exitcode < 0:
+        return environment_crashed(cause or CRASH_CAUSE_SIGNAL, signal_number=-exitcode)
+    return environment_crashed(cause or CRASH_CAUSE_EXITED, exit_status=exitcode)
 
 
 def message_too_large(what: str, size_bytes: int, limit_bytes: int) -> ORSError:

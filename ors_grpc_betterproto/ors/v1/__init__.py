@@ -195,6 +195,21 @@ class ErrorReason(betterproto.Enum):
      INVALID_ARGUMENT.
     """
 
+    ENVIRONMENT_CRASHED = 31
+    """
+    The process that ran this episode's environment code exited or was
+     killed (it crashed, got a signal, was killed because a tool outlived its
+     timeout, because its event loop stalled, or because it went over its
+     memory limit). The episode's state is gone with it: delete the session
+     and start a new episode. The call may or may not have run, so the server
+     never sends it again to another process, and a client must not retry it
+     blindly. ErrorInfo metadata: `cause` (`exited`, `signal`, `tool_timeout`,
+     `stalled` or `memory_limit`), and `exit_status` or `signal` (the
+     signal's name, such as `SIGSEGV`) when known. ABORTED (HTTP 410, which
+     the standard clients do not retry and openreward reports as a
+     terminated session).
+    """
+
 
 class RunToolErrorReason(betterproto.Enum):
     """

@@ -1,0 +1,111 @@
+"""The one error table: every ErrorReason has its gRPC code and HTTP status,
+and ENVIRONMENT_CRASHED (a dead environment process) is worded and mapped so
+that no standard client retries a call that may have run."""
+
+from __future__ import annotations
+
+import signal
+from typing import Iterator
+
+import aiohttp
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc.protocol.constants import STATUS_DETAILS_METADATA_KEY
+from ors_grpc.protocol.errors import (
+    CRASH_CAUSE_KEY, CRASH_CAUSES, CRASH_EXIT_STATUS_KEY, CRASH_SIGNAL_KEY, REASONS, RETRY_AFTER_S,
+    environment_crashed, environment_crashed_from_exitcode, http_status_for, trailing_metadata,
+)
+from tests.support.servers import ServeProcess, start_serve
+
+CRASHED = errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED
+#: What ors-sdk (every 5xx, 429) and openreward's env-server policy (429, 502, 503, 504) retry.
+RETRIED_BY_STANDARD_CLIENTS = {429, *range(500, 600)}
+
+
+def test_every_reason_has_a_row() -> None:
+    missing = [errors_pb2.ErrorReason.Name(value) for value in errors_pb2.ErrorReason.values()
+               if value != errors_pb2.ERROR_REASON_UNSPECIFIED and value not in REASONS]
+    assert missing == []
+
+
+def test_a_crashed_environment_is_aborted_410_never_retried_and_without_retry_after() -> None:
+    assert (REASONS[CRASHED].code, REASONS[CRASHED].http_status) == (grpc.StatusCode.ABORTED, 410)
+    assert http_status_for(grpc.StatusCode.ABORTED, "ERROR_REASON_ENVIRONMENT_CRASHED") == 410
+    assert REASONS[CRASHED].http_status not in RETRIED_BY_STANDARD_CLIENTS
+    assert CRASHED not in RETRY_AFTER_S
+    assert "retry-after" not in dict(trailing_metadata(environment_crashed("stalled")))
+
+
+@pytest.mark.parametrize("exitcode, cause, message, metadata", [
+    (-signal.SIGSEGV, None, "was killed by SIGSEGV", {"cause": "signal", "signal": "SIGSEGV"}),
+    (-signal.SIGKILL, None, "was killed by SIGKILL", {"cause": "signal", "signal": "SIGKILL"}),
+    (3, None, "exited with status 3", {"cause": "exited", "exit_status": "3"}),
+    (-signal.SIGKILL, "tool_timeout", "was killed because a tool call still ran past its timeout (SIGKILL)",
+     {"cause": "tool_timeout", "signal": "SIGKILL"}),
+    (-signal.SIGKILL, "memory_limit", "was killed for going over its memory limit (SIGKILL)",
+     {"cause": "memory_limit", "signal": "SIGKILL"}),
+    (-signal.SIGKILL, "stalled", "was killed because its event loop stalled (SIGKILL)",
+     {"cause": "stalled", "signal": "SIGKILL"}),
+], ids=["segfault", "sigkill from outside", "exit status", "tool timeout", "memory limit", "stall"])
+def test_a_crash_is_worded_by_its_cause_and_signal_name(exitcode, cause, message, metadata) -> None:
+    error = environment_crashed_from_exitcode(exitcode, cause)
+    assert error.reason == CRASHED and error.code == grpc.StatusCode.ABORTED
+    assert error.message == (f"the environment's worker process {message}; "
+                             "the episode's state is lost: start a new episode")
+    assert error.metadata == metadata
+
+
+def test_crash_metadata_keys_and_causes() -> None:
+    assert (CRASH_CAUSE_KEY, CRASH_EXIT_STATUS_KEY, CRASH_SIGNAL_KEY) == ("cause", "exit_status", "signal")
+    assert CRASH_CAUSES == {"exited", "signal", "tool_timeout", "stalled", "memory_limit"}
+    assert environment_crashed("signal", signal_number=200).metadata["signal"] == "signal 200"
+    with pytest.raises(ValueError, match="unknown crash cause 'oops'"):
+        environment_crashed("oops")
+
+
+@pytest.fixture(scope="module")
+def serve() -> Iterator[ServeProcess]:
+    with start_serve("tests.support.crash_report_env:CrashReportEnv", "--http-port", "0") as process:
+        yield process
+
+
+def test_a_crash_reaches_grpc_as_aborted_with_its_error_info(serve: ServeProcess) -> None:
+    with grpc.insecure_channel(serve.grpc_target) as channel:
+        stub = pb_grpc.EnvironmentServiceStub(channel)
+        request = pb.CreateEpisodeRequest(session_id="crashed", env_name="crashreportenv")
+        request.task_spec.json = "{}"
+        stub.CreateEpisode(request, timeout=30)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetPrompt(pb.GetPromptRequest(session_id="crashed"), timeout=30)
+        stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id="crashed"), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.ABORTED
+    assert "killed by SIGSEGV" in caught.value.details()
+    trailers = dict(caught.value.trailing_metadata())
+    status = status_pb2.Status.FromString(trailers[STATUS_DETAILS_METADATA_KEY])
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    assert info.reason == "ERROR_REASON_ENVIRONMENT_CRASHED"
+    assert dict(info.metadata) == {"cause": "signal", "signal": "SIGSEGV"}
+
+
+async def test_a_crash_reaches_http_as_410_with_its_message(serve: ServeProcess) -> None:
+    async with aiohttp.ClientSession(base_url=serve.http_url) as http:
+        async with http.post("/create_session") as response:
+            sid = (await response.json())["sid"]
+        headers = {"X-Session-ID": sid}
+        async with http.post("/create", json={"env_name": "crashreportenv", "task_spec": {}},
+                             headers=headers) as response:
+            assert response.status == 200, await response.text()
+        async with http.get("/crashreportenv/prompt", headers=headers) as response:
+            assert response.status == 410
+            assert "Retry-After" not in response.headers
+            detail = (await response.json())["detail"]
+        async with http.post("/delete", headers=headers) as response:
+            assert response.status == 200
+    assert detail == ("the environment's worker process was killed by SIGSEGV; "
+                      "the episode's state is lost: start a new episode")
