@@ -58,10 +58,10 @@ async def test_a_crash_costs_exactly_its_own_episode() -> None:
             doomed = await grpc_episode(stub, "doomed", env_name="workerprobeenv")
             neighbour = await grpc_episode(stub, "neighbour", env_name="workerprobeenv")
             events = await grpc_call(stub, doomed, "exit_process")
-            assert "exit status 3" in events[-1].failure.message
+            assert "exited with status 3" in events[-1].failure.message
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.GetPrompt(pb.GetPromptRequest(session_id=doomed))
-            assert "exit status 3" in caught.value.details()
+            assert caught.value.code() == grpc.StatusCode.ABORTED and "exited with status 3" in caught.value.details()
             assert (await grpc_call(stub, neighbour, "echo_tag"))[-1].result.output.blocks[0].text.text == "neighbour"
             for sid in (doomed, neighbour):
                 await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))

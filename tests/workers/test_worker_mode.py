@@ -29,9 +29,8 @@ from tests.support.worker_environments import POISON_VARIABLE
 pytestmark = pytest.mark.timeout(120)
 
 WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
-#: How an episode whose worker ended answers: a stand-in (the environment
-#: error) until ERROR_REASON_ENVIRONMENT_CRASHED lands.
-CRASHED = (grpc.StatusCode.INTERNAL, "ERROR_REASON_ENVIRONMENT_ERROR", 500)
+#: How an episode whose worker ended answers: gRPC code, reason, HTTP status.
+CRASHED = (grpc.StatusCode.ABORTED, "ERROR_REASON_ENVIRONMENT_CRASHED", 410)
 
 
 def serve_workers(count: str, marker_dir: Path | None = None):
@@ -97,12 +96,13 @@ async def test_a_worker_that_exits_fails_its_episodes_and_no_other() -> None:
             healthy_pid = await http_pid(http, healthy)
             # The call in flight fails naming the exit.
             events = await grpc_call(stub, doomed, "exit_process")
-            assert "exited (exit status 3)" in events[-1].failure.message
+            assert "exited with status 3" in events[-1].failure.message
             # Every later call of the episode says so too; it never runs elsewhere.
             code, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=doomed)))
             assert (code, reason) == CRASHED[:2]
-            assert "exit status 3" in message and metadata["exit_status"] == "3"
+            assert "exited with status 3" in message
+            assert (metadata["cause"], metadata["exit_status"]) == ("exited", "3")
             # The episode in the other worker saw nothing.
             assert await http_pid(http, healthy) == healthy_pid
             assert (await http_call(http, healthy, "echo_tag"))["ok"] is True
@@ -124,10 +124,10 @@ async def test_a_crashed_episode_answers_its_status_over_http() -> None:
             body = {"name": "exit_process", "input": {}}
             async with http.post("/workerprobeenv/call", json=body, headers={"X-Session-ID": sid}) as response:
                 stream = await read_sse(response)
-            assert "exit status 3" in stream.data("error")
+            assert "exited with status 3" in stream.data("error")
             async with http.get("/workerprobeenv/prompt", headers={"X-Session-ID": sid}) as response:
                 assert response.status == CRASHED[2]
-                assert "the worker process running this episode exited (exit status 3)" in (await response.json())["detail"]
+                assert "the environment's worker process exited with status 3" in (await response.json())["detail"]
 
 
 async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
@@ -147,7 +147,8 @@ async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
             code, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
             assert reason == CRASHED[1]
-            assert "killed by SIGKILL" in message and metadata["signal"] == "SIGKILL"
+            assert "killed by SIGKILL" in message
+            assert (metadata["cause"], metadata["signal"]) == ("signal", "SIGKILL")
             await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
             assert await open_sessions(stub) == 0
 
@@ -171,7 +172,8 @@ async def test_a_sync_tool_hanging_past_its_timeout_and_the_grace_gets_its_worke
             await eventually(replaced, "the hung worker to be replaced")
             _, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
-            assert reason == CRASHED[1] and metadata["signal"] == "SIGKILL"
+            assert reason == CRASHED[1] and (metadata["cause"], metadata["signal"]) == ("tool_timeout", "SIGKILL")
+            assert "a tool call still ran past its timeout" in message
 
 
 async def test_a_worker_over_the_memory_limit_is_killed_and_its_episode_says_why() -> None:
@@ -190,8 +192,8 @@ async def test_a_worker_over_the_memory_limit_is_killed_and_its_episode_says_why
             await eventually(crashed, "the worker over the limit to be killed")
             _, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
-            assert reason == CRASHED[1] and metadata["signal"] == "SIGKILL"
-            assert "its memory passed the limit of 200 MiB" in message
+            assert reason == CRASHED[1] and (metadata["cause"], metadata["signal"]) == ("memory_limit", "SIGKILL")
+            assert "killed for going over its memory limit" in message
             # A new worker serves new episodes (meanwhile creations answer UNAVAILABLE, to be retried).
 
             async def served() -> bool:

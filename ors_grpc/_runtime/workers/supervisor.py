@@ -25,7 +25,7 @@ script's `__main__` cannot be served by workers: serving fails at start
 
 Faults: a worker that ends (exits, is killed) fails the calls in flight on
 it at once, naming its exit status or signal, and every episode that lived
-in it answers its later calls `CRASHED_REASON` (its state is
+in it answers its later calls ERROR_REASON_ENVIRONMENT_CRASHED (its state is
 gone: a call is never sent again to another worker); a new worker takes its
 place (after a backoff when workers keep dying young: a crash loop). A call
 the server stopped waiting for (the tool timeout, measured here, in the
@@ -54,7 +54,10 @@ from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, Episode
 from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, local_error, read_frame, write_frame
 from ors_grpc.authoring.environment import Environment, overrides
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
-from ors_grpc.protocol.errors import ORSError
+from ors_grpc.protocol.errors import (
+    CRASH_CAUSE_EXITED, CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_TOOL_TIMEOUT, ORSError, environment_crashed,
+    environment_crashed_from_exitcode,
+)
 
 __all__ = ["IsolatedHosts", "WorkerHosts", "WorkerStartupError", "worker_count"]
 
@@ -72,11 +75,6 @@ YOUNG_DEATH_S = 10.0
 MAX_RESTART_BACKOFF_S = 30.0
 #: Seconds between two readings of the workers' memory (with a memory limit).
 MEMORY_POLL_S = 1.0
-#: What every call of an episode whose worker ended answers. A stand-in until
-#: ERROR_REASON_ENVIRONMENT_CRASHED (issue #29, branch `faults`) lands on main;
-#: ErrorInfo metadata `exit_status` or `signal` says how the worker ended.
-CRASHED_REASON = errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR
-EXIT_STATUS_KEY, SIGNAL_KEY = "exit_status", "signal"
 #: Calls whose code the server kills the worker for when it outlives its cancellation.
 _KILLABLE_OPS = frozenset({"run_tool", "score_group"})
 
@@ -108,7 +106,8 @@ def import_path(cls: type, what: str) -> str:
 class _Worker:
     """One worker process and its end of the hop."""
 
-    killed_because = ""
+    #: Why the server killed the worker (a CRASH_CAUSE_*), if it did.
+    killed_because: str | None = None
 
     def __init__(self, worker_id: int, process: subprocess.Popen[bytes], on_lost: Callable[[_Worker], None]) -> None:
         self.worker_id = worker_id
@@ -129,9 +128,9 @@ class _Worker:
         self._reading: asyncio.Task[None] | None = None
         self.crash: ORSError | None = None
 
-    def kill(self, why: str) -> None:
-        """SIGKILL the worker; its episodes are told `why`."""
-        self.killed_because = why
+    def kill(self, cause: str) -> None:
+        """SIGKILL the worker; its episodes are told `cause` (a CRASH_CAUSE_*)."""
+        self.killed_because = cause
         self.process.kill()
 
     @property
@@ -147,7 +146,8 @@ class _Worker:
             try:
                 await asyncio.shield(self.connected)
             except WorkerStartupError as exc:
-                raise ORSError(CRASHED_REASON, f"the process for this episode could not start: {exc}") from None
+                logger.error("episode_process_start_failed %s", exc)
+                raise environment_crashed(CRASH_CAUSE_EXITED, exit_status=self.process.poll()) from None
         if not self.alive:
             raise self.crash or _crashed(self.process.poll())
         call_id = next(self._call_ids)
@@ -173,7 +173,7 @@ class _Worker:
         if self.alive:
             logger.warning("worker_killed worker=%d reason=call_outlived_its_cancellation grace_s=%s episodes=%d",
                            self.worker_id, KILL_GRACE_S, self.episodes)
-            self.kill(f"a call still ran {KILL_GRACE_S:g}s after it was cancelled (its timeout)")
+            self.kill(CRASH_CAUSE_TOOL_TIMEOUT)
 
     def tell(self, op: str, *args: Any) -> None:
         """A message that wants no answer."""
@@ -235,18 +235,12 @@ class _Worker:
             await asyncio.wait({self._reading})
 
 
-def _crashed(status: int | None, why: str = "") -> ORSError:
-    """`CRASHED_REASON` for an episode whose worker ended with `status` (Popen's returncode)."""
-    if status is not None and status < 0:
-        try:
-            metadata = {SIGNAL_KEY: signal.Signals(-status).name}
-        except ValueError:
-            metadata = {SIGNAL_KEY: str(-status)}
-    else:
-        metadata = {EXIT_STATUS_KEY: str(status)}
-    return ORSError(CRASHED_REASON,
-                    f"the worker process running this episode exited ({_exit_text(status)}{': ' + why if why else ''}); "
-                    "the episode's state is lost: start a new episode", metadata)
+def _crashed(status: int | None, cause: str | None = None) -> ORSError:
+    """ENVIRONMENT_CRASHED for an episode whose worker ended with `status` (Popen's
+    returncode), killed by the server for `cause` when it was."""
+    if status is None:
+        return environment_crashed(cause or CRASH_CAUSE_EXITED)
+    return environment_crashed_from_exitcode(status, cause)
 
 
 def _exit_text(status: int | None) -> str:
@@ -538,7 +532,7 @@ class WorkerHosts(HostFactory):
                 if worker.alive and rss is not None and rss > self._memory_limit_bytes:
                     logger.error("worker_killed worker=%d reason=memory_limit rss_mib=%.0f limit_mib=%.0f episodes=%d",
                                  worker.worker_id, rss / 2**20, self._memory_limit_bytes / 2**20, worker.episodes)
-                    worker.kill(f"its memory passed the limit of {self._memory_limit_bytes / 2**20:g} MiB")
+                    worker.kill(CRASH_CAUSE_MEMORY_LIMIT)
 
     def least_loaded(self) -> _Worker:
         live = [worker for worker in self._workers if worker.alive]
