@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import aiohttp
@@ -240,7 +243,7 @@ async def test_a_crash_loop_makes_health_not_serving_until_a_worker_starts_again
             assert (await grpc_call(stub, fresh, "echo_tag"))[-1].result.output.blocks[0].text.text == "fresh"
 
 
-def test_the_server_killed_leaves_no_worker_behind() -> None:
+def test_the_server_killed_leaves_no_worker_behind_and_the_next_one_sweeps_its_hop_directory() -> None:
     with serve_workers("2") as serve:
         workers = _children(serve.proc.pid)
         assert len(workers) == 2
@@ -248,6 +251,25 @@ def test_the_server_killed_leaves_no_worker_behind() -> None:
         serve.proc.wait()
         for pid in workers:
             _wait_gone(pid)
+    left = [path for path in Path(tempfile.gettempdir()).glob("ors-workers-*") if not (path / "hop.sock").exists()
+            or not _listening(path / "hop.sock")]
+    assert left  # SIGKILL gave the server no chance to remove its hop directory
+    long_ago = time.time() - 3600
+    for path in left:
+        os.utime(path, (long_ago, long_ago))
+    with serve_workers("1"):
+        assert not any(path.exists() for path in left)
+
+
+def _listening(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def test_an_environment_defined_in_main_cannot_be_served_by_workers_and_says_so(tmp_path: Path) -> None:
@@ -289,8 +311,6 @@ def _children(pid: int) -> list[int]:
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
-    import time
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

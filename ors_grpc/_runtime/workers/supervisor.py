@@ -42,11 +42,14 @@ import dataclasses
 import itertools
 import logging
 import os
+import glob
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ors_grpc._generated.ors.v1 import errors_pb2
@@ -73,6 +76,9 @@ KILL_GRACE_S = 5.0
 #: (0.5 s, doubling, at most `MAX_RESTART_BACKOFF_S`) until one lives longer.
 YOUNG_DEATH_S = 10.0
 MAX_RESTART_BACKOFF_S = 30.0
+HOP_DIRECTORY_PREFIX = "ors-workers-"
+#: A hop directory this old whose socket refuses connections was left by a killed server.
+STALE_HOP_DIRECTORY_S = 60.0
 #: Seconds between two readings of the workers' memory (with a memory limit).
 MEMORY_POLL_S = 1.0
 #: Calls whose code the server kills the worker for when it outlives its cancellation.
@@ -408,7 +414,8 @@ class WorkerHosts(HostFactory):
 
     async def start(self) -> None:
         """Start every worker; WorkerStartupError (with the worker's traceback) when one cannot import."""
-        self._directory = tempfile.mkdtemp(prefix="ors-workers-")  # 0700: only this user can reach the hop
+        _remove_stale_hop_directories()
+        self._directory = tempfile.mkdtemp(prefix=HOP_DIRECTORY_PREFIX)  # 0700: only this user can reach the hop
         self._path = os.path.join(self._directory, "hop.sock")
         self._server = await asyncio.start_unix_server(self._accept, path=self._path)
         os.chmod(self._path, 0o600)
@@ -565,6 +572,26 @@ class WorkerHosts(HostFactory):
             worker.process.kill()
         if self._directory:
             shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _remove_stale_hop_directories() -> None:
+    """Remove the hop directories of servers that were killed (SIGKILL leaves
+    them): this user's, over a minute old, whose socket no one listens on."""
+    now = time.time()
+    for directory in glob.glob(os.path.join(tempfile.gettempdir(), HOP_DIRECTORY_PREFIX + "*")):
+        try:
+            info = os.stat(directory)
+        except OSError:
+            continue
+        if info.st_uid != os.getuid() or now - info.st_mtime < STALE_HOP_DIRECTORY_S:
+            continue
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(os.path.join(directory, "hop.sock"))
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+        finally:
+            probe.close()
 
 
 def _rss_bytes(pid: int) -> int | None:
