@@ -35,6 +35,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
+from ors_grpc._runtime.workers.supervisor import worker_count  # noqa: E402
 from ors_grpc.authoring.environment import Environment  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -44,12 +45,11 @@ from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_WARM_SETUP_TIMEOUT_S,
     DEFAULT_WARM_TTL_S,
 )
-from ors_grpc.serving import StartupError  # noqa: E402
+from ors_grpc.serving import EXIT_STARTUP_ERROR, StartupError  # noqa: E402
 
 __all__ = ["main"]
 
 DEFAULT_ENVIRONMENT = "ors_grpc.examples.arithmetic:Arithmetic"
-EXIT_STARTUP_ERROR = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_LOG_LEVEL = "INFO"
 #: The standalone HTTP door's port when no door port is given.
@@ -216,6 +216,15 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="SECONDS",
                        help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served before "
                             "they are ended (0: at once); new episodes are refused meanwhile")
+    serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                       help="run environments' code in N supervised worker processes (auto: one per CPU "
+                            "this process may use) instead of the server process; environments must be MODULE:CLASS")
+    serve.add_argument("--isolation", choices=["episode"], default=None,
+                       help="episode: every episode in a process of its own, which ends with it (a fault costs "
+                            "exactly its episode), from a pool of --workers (default 2) started processes")
+    serve.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
+                       help="with --workers: a worker whose resident memory passes MIB is killed and replaced "
+                            "(its episodes are lost, and say so)")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
     _add_browser_options(serve)
@@ -274,6 +283,13 @@ def _add_http_limits(parser: argparse.ArgumentParser) -> None:
                              "at most 10,000); more are answered 503")
 
 
+def _workers(value: str) -> int:
+    try:
+        return worker_count(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers (at least 1) or auto, got {value!r}") from None
+
+
 def _add_browser_options(parser: argparse.ArgumentParser) -> None:
     """Which Host and Origin the HTTP and MCP doors serve (ors_grpc/protocol/browser_policy.py)."""
     parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME[:PORT]",
@@ -306,6 +322,9 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,
         drain_timeout_s=args.drain_timeout,
+        workers=args.workers,
+        worker_memory_limit_mib=args.worker_memory_limit,
+        isolation=args.isolation,
         allowed_hosts=tuple(args.allowed_hosts),
         allowed_origins=tuple(args.allowed_origins),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Sequence
 
 from ors_grpc import serving
@@ -63,5 +64,9 @@ class Server:
         """Serve until SIGINT or a drain (SIGTERM), then tear every session left down."""
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO)
-        asyncio.run(serving.serve(self.environments, host=host, port=grpc_port, http_port=port,
-                                  config=self.config, toolsets=self.toolsets))
+        try:
+            asyncio.run(serving.serve(self.environments, host=host, port=grpc_port, http_port=port,
+                                      config=self.config, toolsets=self.toolsets))
+        except serving.StartupError as exc:  # one line and status 2, as `ors-grpc serve` answers it
+            print(f"ors-grpc: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(serving.EXIT_STARTUP_ERROR) from None

@@ -33,6 +33,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
 from ors_grpc._runtime.service import environment_map
+from ors_grpc._runtime.workers.supervisor import WorkerStartupError
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
@@ -46,6 +47,10 @@ MCP_EXTRA_INSTALL = "pip install 'ors-grpc[mcp]'"
 SHUTDOWN_GRACE_S = 5.0
 
 logger = logging.getLogger("ors_grpc.cli")
+
+
+#: The exit status of a server that could not start (a StartupError).
+EXIT_STARTUP_ERROR = 2
 
 
 class StartupError(Exception):
@@ -85,9 +90,12 @@ async def serve(
     start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     policy = _browser_policy(host, config.allowed_hosts, config.allowed_origins)
     await _bind("gRPC", host, port, _probe_port(host, port))
-    server, bound_port = await _bind(
-        "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
-    )
+    try:
+        server, bound_port = await _bind(
+            "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
+        )
+    except WorkerStartupError as exc:
+        raise StartupError(str(exc)) from None
     runners: list[Any] = []
     try:
         with _serve_signals() as signals:

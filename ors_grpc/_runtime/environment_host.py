@@ -31,8 +31,9 @@ __all__ = ["CatalogHost", "EpisodeHost", "EpisodeState", "HostFactory"]
 
 class EpisodeState(enum.Enum):
     """Where an episode's life stands. It moves forward only:
-    CONSTRUCTING -> SETTING_UP -> READY, or to one of the two failures; ENDED
-    (deleted, reaped, server stopped) can follow any state and is final."""
+    CONSTRUCTING -> SETTING_UP -> READY, or to one of the two failures, or
+    to CRASHED from any of them; ENDED (deleted, reaped, server stopped) can
+    follow any state and is final."""
 
     #: The constructors (the environment's, its session toolset's) run.
     CONSTRUCTING = "constructing"
@@ -44,6 +45,9 @@ class EpisodeState(enum.Enum):
     CONSTRUCTION_FAILED = "construction_failed"
     #: `setup()` raised: every call of the episode answers the host's `failure`.
     SETUP_FAILED = "setup_failed"
+    #: The process holding the environment ended (a worker): every call
+    #: answers the host's `failure`. Final but for ENDED.
+    CRASHED = "crashed"
     #: Ended: calls answer SESSION_DELETED, the environment is (being) torn down.
     ENDED = "ended"
 
@@ -69,6 +73,12 @@ class EpisodeHost(abc.ABC):
             self.state = EpisodeState.CONSTRUCTION_FAILED
         elif self.state is EpisodeState.SETTING_UP:
             self.state = EpisodeState.SETUP_FAILED
+
+    def crash(self, error: ORSError) -> None:
+        """The process holding the environment ended: every call answers `error` from now on."""
+        if self.state is not EpisodeState.ENDED:
+            self.failure = error
+            self.state = EpisodeState.CRASHED
 
     def end(self) -> None:
         """The episode is over (its calls answer SESSION_DELETED from now on)."""
@@ -176,6 +186,17 @@ class CatalogHost(abc.ABC):
 
 class HostFactory(abc.ABC):
     """Where the session table gets its hosts."""
+
+    async def start(self) -> None:
+        """Make ready to host (start processes, ...), before the server serves."""
+
+    async def close(self) -> None:
+        """Release what `start` took, after the session table ended every episode."""
+
+    def watch_availability(self, on_change: Callable[[bool], None]) -> None:
+        """Be told when the hosts stop (False) or start again (True) being able
+        to take new episodes (worker processes all down and coming back).
+        In-process hosts always can: they never call it."""
 
     @abc.abstractmethod
     def episode(self, env_cls: type[Environment]) -> EpisodeHost:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hmac
 import inspect
 from dataclasses import dataclass
@@ -28,9 +29,12 @@ from ors_grpc.protocol.errors import ORSError, abort
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
+from ors_grpc._runtime.environment_host import HostFactory
+from ors_grpc._runtime.local_hosts import LocalHosts
 from ors_grpc._runtime.loop_monitor import monitor_loop
-from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry
+from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry, environment_map, toolset_map
 from ors_grpc._runtime.sessions import SessionTable
+from ors_grpc._runtime.workers.supervisor import IsolatedHosts, WorkerHosts
 from ors_grpc.protocol.constants import (
     API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -95,6 +99,15 @@ class ServerConfig:
     setup_wait_s: float = DEFAULT_SETUP_WAIT_S
     #: Seconds a draining server serves the episodes it holds before ending them.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: When set, environments' code runs in this many worker processes
+    #: (`_runtime/workers`), not in the server process.
+    workers: int | None = None
+    #: With `workers`: a worker whose resident memory (RSS) passes this many
+    #: MiB is killed and replaced, its episodes lost (None: no limit).
+    worker_memory_limit_mib: float | None = None
+    #: "episode": every episode in a process of its own, ended with it, from
+    #: a pool of `workers` (default 2) started processes (None: episodes share workers).
+    isolation: str | None = None
     #: `Host` values the HTTP and MCP doors serve beyond loopback's (NAME,
     #: NAME:PORT or NAME:*; see `ors_grpc.protocol.browser_policy`).
     allowed_hosts: tuple[str, ...] = ()
@@ -252,6 +265,34 @@ def _server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
+def _availability_changed(health_servicer: Any, available: bool) -> None:
+    """Health follows the workers: NOT_SERVING while none is up (a crash loop), SERVING again after.
+    (A drain's graceful shutdown makes later changes no-ops.)"""
+    status = health_pb2.HealthCheckResponse.SERVING if available else health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def set_both() -> None:
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, status)
+
+    task = asyncio.get_running_loop().create_task(set_both(), name="ors-health")
+    _HEALTH_UPDATES.add(task)
+    task.add_done_callback(_HEALTH_UPDATES.discard)
+
+
+_HEALTH_UPDATES: set[asyncio.Task[None]] = set()
+
+
+def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegistry, config: ServerConfig) -> HostFactory:
+    """Where environments' code runs: in this process, or in `config.workers` worker processes."""
+    if config.isolation == "episode":
+        return IsolatedHosts(config.workers or 2, environment_map(environments), toolset_map(toolsets),
+                             memory_limit_mib=config.worker_memory_limit_mib)
+    if not config.workers:
+        return LocalHosts()
+    return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets),
+                       memory_limit_mib=config.worker_memory_limit_mib)
+
+
 async def create_server(
     environments: Sequence[type[Environment]],
     address: str = "127.0.0.1:0",
@@ -267,6 +308,19 @@ async def create_server(
     (useful with port 0). `await server.stop(grace)` stops accepting calls,
     then ends every session.
     """
+    hosts = _hosts_for(environments, toolsets, config)
+    await hosts.start()
+    try:
+        return await _create_server(environments, address, config, toolsets, hosts)
+    except BaseException:
+        await hosts.close()
+        raise
+
+
+async def _create_server(
+    environments: Sequence[type[Environment]], address: str, config: ServerConfig, toolsets: ToolsetRegistry,
+    hosts: HostFactory,
+) -> tuple[RunningServer, int]:
     sessions = SessionTable(
         session_timeout_s=config.session_timeout_s,
         reaper_interval_s=config.reaper_interval_s,
@@ -276,6 +330,7 @@ async def create_server(
         warm_ttl_s=config.warm_ttl_s,
         setup_wait_s=config.setup_wait_s,
         warm_setup_timeout_s=config.warm_setup_timeout_s,
+        hosts=hosts,
     )
     metrics.track_session_load(sessions.load)
     health_servicer = health.aio.HealthServicer()
@@ -321,6 +376,7 @@ async def create_server(
     stop_loop_monitor = monitor_loop(asyncio.get_running_loop())
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    hosts.watch_availability(functools.partial(_availability_changed, health_servicer))
     return RunningServer(server, sessions, health_servicer, in_process, drain, stop_loop_monitor), port
 
 
@@ -352,6 +408,7 @@ class RunningServer:
         # grace as calls over the network.
         await asyncio.gather(self.grpc_server.stop(grace), self.in_process_channel.drain(grace))
         await self.sessions.close()
+        await self.sessions.hosts.close()
         self._stop_loop_monitor()
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:

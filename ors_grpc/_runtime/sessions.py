@@ -151,7 +151,8 @@ class SessionTable:
         metrics.session_opened(env_cls)
         await session.constructed.wait()
         state = session.host.state
-        if state is EpisodeState.CONSTRUCTION_FAILED:
+        if state is EpisodeState.CONSTRUCTION_FAILED or state is EpisodeState.CRASHED:
+            session.host.end()  # nothing to tear down: the host lets go of the episode
             if self._sessions.get(sid) is session:
                 del self._sessions[sid]
                 metrics.session_closed()

@@ -41,6 +41,11 @@ _executor: ThreadPoolExecutor | None = None
 _busy_threads = 0
 _busy_lock = threading.Lock()
 
+#: Whether a cancelled call whose code runs in a thread ends only when the
+#: thread does (set in worker processes, whose server kills the worker when
+#: a cancelled call runs past a grace), rather than at once.
+cancelled_calls_wait_for_their_thread = False
+
 #: A sync call that finishes within this many seconds is quick enough for the
 #: loop. It is well under the 5 ms for which a CPU-bound Python thread holds
 #: the GIL (and so stalls the loop anyway) before it must let go.
@@ -218,7 +223,15 @@ def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -
 async def _in_worker_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
     # A call that raises is not counted: it neither earns nor costs a place.
     loop = asyncio.get_running_loop()
-    result, seconds = await loop.run_in_executor(_user_code_executor(), _counted, fn, args)
+    running = loop.run_in_executor(_user_code_executor(), _counted, fn, args)
+    if not cancelled_calls_wait_for_their_thread:
+        result, seconds = await running
+    else:
+        try:
+            result, seconds = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            await asyncio.wait({running})  # a thread cannot be stopped: the call ends when it does
+            raise
     if placement is not None:
         placement.record(seconds)
     return result

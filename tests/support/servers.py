@@ -73,7 +73,7 @@ def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = 
     listens; its stderr goes to `stderr` (a file), else to the test's."""
     process_env = {**os.environ, **(env or {})}
     process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args]
+    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args, *_extra_serve_args()]
     with run_serve(command, cwd=ROOT, env=process_env, stderr=stderr) as serve:
         yield serve
 
@@ -135,6 +135,13 @@ def start_bridge(backend_target: str, *args: str, env: Mapping[str, str] | None 
         bridge.stop()
 
 
+def _extra_serve_args() -> list[str]:
+    """`ORS_TEST_SERVE_ARGS`, split: arguments every `serve` started here gets
+    too, to run the tests again in another mode (`--workers 2`, `--isolation
+    episode`)."""
+    return os.environ.get("ORS_TEST_SERVE_ARGS", "").split()
+
+
 @contextmanager
 def run_cli_logging_to(log: Path, *arguments: str) -> Iterator[dict[str, str]]:
     """`python -m ors_grpc.cli --log-level DEBUG ARGUMENTS`, stdout and stderr both in `log` (for
@@ -143,7 +150,8 @@ def run_cli_logging_to(log: Path, *arguments: str) -> Iterator[dict[str, str]]:
     the process id as "pid"."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", *arguments],
+        extra = _extra_serve_args() if arguments[0] == "serve" else []
+        proc = subprocess.Popen([sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", *arguments, *extra],
                                 cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
     try:
         wanted = 2 if arguments[0] == "serve" and "--http-port" in arguments else 1

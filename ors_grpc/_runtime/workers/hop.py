@@ -1,0 +1,106 @@
+"""The hop between the server and one of its workers: frames over a Unix socket.
+
+A frame is a 4-byte big-endian length, then a pickle. Pickle, because the
+values that cross are the environment's own (task specs, pydantic models,
+`RunToolOutput`, the exceptions it raises) and cross as they are, with no
+second codec on the hot path; and it is safe here: the socket lives in a
+directory only the server's user can open (0700), the worker runs the
+operator's own code, and nothing else can connect. The proto types would
+need every value converted twice per call.
+
+Messages:
+
+- server -> worker: `(call_id, op, args)`, answered once; call id 0 asks for
+  no answer (`end` of an episode);
+- worker -> server: `(call_id, ok, value)`: the result, or the exception the
+  environment raised (`portable_error` when it cannot be pickled).
+The first exchange is the worker's `Hello`, then the server's `Setup` (what
+to import), then the worker's `Ready` (or the traceback of its failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Hello", "Ready", "Setup", "portable_error", "read_frame", "write_frame"]
+
+_HEADER = struct.Struct(">I")
+#: A frame larger than this is a bug (messages are bounded by the server's message limit well below).
+MAX_FRAME_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The worker's first frame: who it is."""
+
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The server's answer to Hello: what the worker imports, and from where."""
+
+    #: The server's sys.path, so that MODULE:CLASS imports as it did in the server.
+    sys_path: list[str]
+    #: Environments by served name, as "module:qualname".
+    environments: dict[str, str]
+    #: Toolsets sessions may attach, as "module:qualname" (attached by that path).
+    toolsets: list[str] = field(default_factory=list)
+    log_level: int = 20
+    #: `--isolation episode`: the worker exits once its one episode is over.
+    exit_after_episode: bool = False
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker imported everything (error: the traceback of what failed)."""
+
+    error: str = ""
+
+
+def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_HEADER.pack(len(data)) + data)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Any:
+    """The next message (asyncio.IncompleteReadError at the end of the stream)."""
+    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"hop frame of {size} bytes")
+    return pickle.loads(await reader.readexactly(size))
+
+
+class ForeignError(Exception):
+    """An exception of the environment that could not cross the hop as it
+    is; `foreign_type` names its type (the server words errors `Type: message`)."""
+
+    def __init__(self, foreign_type: str, message: str) -> None:
+        super().__init__(foreign_type, message)
+        self.foreign_type = foreign_type
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def portable_error(exc: BaseException) -> BaseException:
+    """`exc` if it survives a pickle round trip, else a ForeignError with its type name and message."""
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+        return exc
+    except Exception:
+        return ForeignError(type(exc).__name__, str(exc))
+
+
+def local_error(exc: BaseException) -> BaseException:
+    """An exception from the hop as the server raises it: a ForeignError
+    becomes an exception whose type has the original's name."""
+    if isinstance(exc, ForeignError):
+        return type(exc.foreign_type, (Exception,), {})(exc.message)
+    return exc

@@ -1,0 +1,695 @@
+"""Worker processes for environments' code, and the hosts that reach them.
+
+`WorkerHosts` (a `HostFactory`) starts N worker processes and places each
+new episode in the least-loaded live one, where it lives for its whole life;
+class-level calls (splits, tasks, listings) go to the least-loaded worker
+too. The server process keeps everything else: every door, the session
+table, tool-call tasks and idempotency, records, warm-pool bookkeeping,
+drain, metrics. The API key is checked in the server; secrets reach a
+worker only over the hop, never in its argv, environment or logs.
+
+How workers start: a fresh interpreter (`python -m
+ors_grpc._runtime.workers.worker`, fork and exec at once), never a fork of
+the server. grpc's core runs threads and holds locks that a forked child
+would inherit in whatever state they were (its fork support is off by
+default and does not cover grpc.aio): a fork after the server started can
+deadlock or corrupt the child. multiprocessing's spawn would be as safe, but
+re-imports the parent's `__main__` in every worker (a script without a main
+guard would serve again, recursively) for nothing we need.
+
+The hop: one Unix socket in a fresh directory only the server's user can
+open (0700, `tempfile.mkdtemp`); workers listen on nothing. Environments are
+imported in the worker by `module:qualname`, so a class defined in a
+script's `__main__` cannot be served by workers: serving fails at start
+(`WorkerStartupError`, the CLI's exit status 2) saying so.
+
+Faults: a worker that ends (exits, is killed) fails the calls in flight on
+it at once, naming its exit status or signal, and every episode that lived
+in it answers its later calls ERROR_REASON_ENVIRONMENT_CRASHED (its state is
+gone: a call is never sent again to another worker); a new worker takes its
+place (after a backoff when workers keep dying young: a crash loop). A call
+the server stopped waiting for (the tool timeout, measured here, in the
+server) is cancelled in the worker; code still running `KILL_GRACE_S` later
+(a sync call in a thread, a blocked event loop) gets its worker killed and
+replaced, so no thread outlives its call's timeout by more than the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import os
+import glob
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional, Sequence, Union
+
+from ors_grpc._generated.ors.v1 import errors_pb2
+from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
+from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, local_error, read_frame, write_frame
+from ors_grpc.authoring.environment import Environment, overrides
+from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
+from ors_grpc.protocol.errors import (
+    CRASH_CAUSE_EXITED, CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_TOOL_TIMEOUT, ORSError, environment_crashed,
+    environment_crashed_from_exitcode,
+)
+
+__all__ = ["IsolatedHosts", "WorkerHosts", "WorkerStartupError", "worker_count"]
+
+logger = logging.getLogger("ors_grpc.workers")
+
+#: Seconds a worker may take to start and import the environments.
+WORKER_START_TIMEOUT_S = 60.0
+#: Seconds stopping workers waits for them to exit before killing them.
+WORKER_STOP_WAIT_S = 5.0
+#: Seconds a cancelled tool call (its timeout passed) may run on in its worker before the worker is killed.
+KILL_GRACE_S = 5.0
+#: A worker that ends within this many seconds of starting died young: replacing it backs off
+#: (0.5 s, doubling, at most `MAX_RESTART_BACKOFF_S`) until one lives longer.
+YOUNG_DEATH_S = 10.0
+MAX_RESTART_BACKOFF_S = 30.0
+HOP_DIRECTORY_PREFIX = "ors-workers-"
+#: A hop directory this old whose socket refuses connections was left by a killed server.
+STALE_HOP_DIRECTORY_S = 60.0
+#: Seconds between two readings of the workers' memory (with a memory limit).
+MEMORY_POLL_S = 1.0
+#: Calls whose code the server kills the worker for when it outlives its cancellation.
+_KILLABLE_OPS = frozenset({"run_tool", "score_group"})
+
+
+class WorkerStartupError(Exception):
+    """Workers cannot serve these environments (a class in `__main__`, an import that fails in a worker)."""
+
+
+def worker_count(value: str) -> int:
+    """`--workers` as a number: N, or `auto` (the CPUs this process may run on)."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    count = int(value)
+    if count < 1:
+        raise ValueError("--workers must be at least 1, or auto")
+    return count
+
+
+def import_path(cls: type, what: str) -> str:
+    """`module:qualname` of a class a worker must import; WorkerStartupError when it cannot."""
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        raise WorkerStartupError(
+            f"{what} {cls.__qualname__!r} is defined in {'a function' if '<locals>' in cls.__qualname__ else '__main__'}: "
+            f"worker processes import environments by module. Move it to a module and serve MODULE:CLASS "
+            f"(or serve without --workers)")
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class _Worker:
+    """One worker process and its end of the hop."""
+
+    #: Why the server killed the worker (a CRASH_CAUSE_*), if it did.
+    killed_because: str | None = None
+
+    def __init__(self, worker_id: int, process: subprocess.Popen[bytes], on_lost: Callable[[_Worker], None]) -> None:
+        self.worker_id = worker_id
+        self.process = process
+        self.started = asyncio.get_running_loop().time()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: The episodes living here, by episode id.
+        self.hosts: dict[int, WorkerEpisodeHost] = {}
+        self.alive = True
+        self.stopping = False
+        self._on_lost = on_lost
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        #: Calls the server stopped waiting for, still running here: their kill timers.
+        self._abandoned: dict[int, asyncio.TimerHandle] = {}
+        self._reading: asyncio.Task[None] | None = None
+        self.crash: ORSError | None = None
+
+    def kill(self, cause: str) -> None:
+        """SIGKILL the worker; its episodes are told `cause` (a CRASH_CAUSE_*)."""
+        self.killed_because = cause
+        self.process.kill()
+
+    @property
+    def episodes(self) -> int:
+        return len(self.hosts)
+
+    def attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self._reading = asyncio.get_running_loop().create_task(self._read_forever(), name=f"ors-worker-{self.worker_id}")
+
+    async def call(self, op: str, *args: Any) -> Any:
+        if not self.connected.done():  # a process started for this episode (`--isolation episode`)
+            try:
+                await asyncio.shield(self.connected)
+            except WorkerStartupError as exc:
+                logger.error("episode_process_start_failed %s", exc)
+                raise environment_crashed(CRASH_CAUSE_EXITED, exit_status=self.process.poll()) from None
+        if not self.alive:
+            raise self.crash or _crashed(self.process.poll())
+        call_id = next(self._call_ids)
+        answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            write_frame(self.writer, (call_id, op, args))
+            return await answer
+        except asyncio.CancelledError:
+            if self.alive and (answer.cancelled() or not answer.done()):  # no answer came: it runs on there
+                self._abandon(call_id, op)
+            raise
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _abandon(self, call_id: int, op: str) -> None:
+        """The server stopped waiting for call `call_id`: cancel it here; kill the worker if it runs on."""
+        self.tell("cancel", call_id)
+        if op in _KILLABLE_OPS:
+            self._abandoned[call_id] = asyncio.get_running_loop().call_later(KILL_GRACE_S, self._kill_for, call_id)
+
+    def _kill_for(self, call_id: int) -> None:
+        self._abandoned.pop(call_id, None)
+        if self.alive:
+            logger.warning("worker_killed worker=%d reason=call_outlived_its_cancellation grace_s=%s episodes=%d",
+                           self.worker_id, KILL_GRACE_S, self.episodes)
+            self.kill(CRASH_CAUSE_TOOL_TIMEOUT)
+
+    def tell(self, op: str, *args: Any) -> None:
+        """A message that wants no answer."""
+        if self.alive and self.writer is not None:
+            write_frame(self.writer, (0, op, args))
+
+    async def _read_forever(self) -> None:
+        try:
+            while True:
+                call_id, ok, value = await read_frame(self.reader)
+                timer = self._abandoned.pop(call_id, None)
+                if timer is not None:
+                    timer.cancel()
+                answer = self._calls.get(call_id)
+                if answer is None or answer.done():
+                    continue
+                if ok:
+                    answer.set_result(value)
+                else:
+                    answer.set_exception(local_error(value))
+        except (asyncio.IncompleteReadError, ConnectionError, EOFError):
+            pass
+        finally:
+            await self._lost()
+
+    async def _lost(self) -> None:
+        """The hop closed: the process ended (or is ending). Fail everything that lived here."""
+        self.alive = False
+        for timer in self._abandoned.values():
+            timer.cancel()
+        status = self.process.poll()
+        if status is None:
+            if not self.stopping:
+                self.process.kill()  # a worker that closed its end is of no more use
+            status = await asyncio.to_thread(self.process.wait)
+        self.crash = _crashed(status, self.killed_because)
+        for host in list(self.hosts.values()):
+            host.crash(self.crash)
+        for answer in self._calls.values():
+            if not answer.done():
+                answer.set_exception(self.crash)
+        if not self.stopping:
+            if status != 0 or self.hosts:
+                logger.error("worker_exited worker=%d pid=%d %s episodes_lost=%d", self.worker_id, self.process.pid,
+                             _exit_text(status), len(self.hosts))
+            self._on_lost(self)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.alive = False
+        if self.writer is not None:
+            self.writer.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.process.wait), WORKER_STOP_WAIT_S)
+        except asyncio.TimeoutError:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait)
+        if self._reading is not None:
+            await asyncio.wait({self._reading})
+
+
+def _crashed(status: int | None, cause: str | None = None) -> ORSError:
+    """ENVIRONMENT_CRASHED for an episode whose worker ended with `status` (Popen's
+    returncode), killed by the server for `cause` when it was."""
+    if status is None:
+        return environment_crashed(cause or CRASH_CAUSE_EXITED)
+    return environment_crashed_from_exitcode(status, cause)
+
+
+def _exit_text(status: int | None) -> str:
+    if status is None:
+        return "exit status unknown"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+class _RemoteTool:
+    """A tool of an episode in a worker, as the server's tool calls need it:
+    its name and concurrency marks (read from the class; the function runs in the worker)."""
+
+    __slots__ = ("name", "_env_tool_exclusive", "_env_tool_terminal", "_env_tool_concurrent")
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name = name
+        self._env_tool_exclusive = getattr(fn, "_env_tool_exclusive", False)
+        self._env_tool_terminal = getattr(fn, "_env_tool_terminal", False)
+        self._env_tool_concurrent = getattr(fn, "_env_tool_concurrent", False)
+
+
+class WorkerEpisodeHost(EpisodeHost):
+    """One episode whose environment lives in a worker process."""
+
+    __slots__ = ("_worker", "_eid", "_toolset_cls", "_set_up", "_env_name")
+
+    def __init__(self, env_cls: type[Environment], env_name: str, worker: _Worker, eid: int) -> None:
+        super().__init__(env_cls)
+        self._worker = worker
+        self._eid = eid
+        self._env_name = env_name
+        self._toolset_cls: type | None = None
+        self._set_up = False
+        worker.hosts[eid] = self
+
+    @property
+    def uninterruptible(self) -> bool:
+        return False  # the server stops waiting; the worker tears the episode down once its step ends
+
+    @property
+    def set_up(self) -> bool:
+        return self._set_up
+
+    async def construct(self, task_spec: JSONObject, secrets: dict[str, str]) -> None:
+        await self._worker.call("construct", self._eid, self._env_name, task_spec, secrets)
+
+    async def attach_toolset(self, toolset_cls: type) -> None:
+        self._toolset_cls = toolset_cls
+        await self._worker.call("attach_toolset", self._eid, import_path(toolset_cls, "toolset"))
+
+    async def setup(self) -> None:
+        if self.state is EpisodeState.CONSTRUCTING:
+            self.state = EpisodeState.SETTING_UP
+        await self._worker.call("setup", self._eid)
+        self._set_up = True
+        if self.state is EpisodeState.SETTING_UP:
+            self.state = EpisodeState.READY
+
+    async def teardown(self) -> None:
+        if self._worker.alive:  # else the environment went with its worker
+            await self._worker.call("teardown", self._eid)
+
+    def end(self) -> None:
+        if self.state is not EpisodeState.ENDED:
+            self._worker.hosts.pop(self._eid, None)
+            self._worker.tell("end", self._eid)
+        super().end()
+
+    def kill(self) -> None:
+        self.end()
+
+    def implements(self, hook: str) -> bool:
+        return overrides(self.env_cls, hook)
+
+    def prompt(self) -> Any:
+        return self._worker.call("prompt", self._eid)
+
+    def messages(self) -> Any:
+        return self._worker.call("messages", self._eid)
+
+    def task_tools(self) -> Any:
+        return self._worker.call("task_tools", self._eid)
+
+    def resolve_tool(self, name: str) -> Union[Callable[..., Any], RunToolOutput]:
+        fn = getattr(self._toolset_cls, name, None) if self._toolset_cls is not None else None
+        if not Environment._is_tool(fn):
+            fn = getattr(self.env_cls, name, None)
+        return _RemoteTool(name, fn)  # a name it lacks is refused by the worker (not_found)
+
+    def run_tool(self, name: str, tool: Any, tool_input: JSONObject) -> Any:
+        return self._worker.call("run_tool", self._eid, name, tool_input)
+
+    def score_group(self, candidates: Sequence[GroupCandidate]) -> Any:
+        return self._worker.call("score_group", self._eid, list(candidates))
+
+
+class WorkerCatalogHost(CatalogHost):
+    """An environment class's own calls, answered by the least-loaded worker."""
+
+    __slots__ = ("_hosts", "_env_name")
+
+    def __init__(self, env_cls: type[Environment], env_name: str, hosts: WorkerHosts) -> None:
+        super().__init__(env_cls)
+        self._hosts = hosts
+        self._env_name = env_name
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self._hosts.least_loaded().call("catalog", self._env_name, method, args)
+
+    def list_splits(self) -> Any:
+        return self._call("list_splits")
+
+    async def list_tools(self) -> ListToolsOutput:
+        return self.env_cls.list_tools()  # the class's own declaration: no environment code runs
+
+    def list_tasks(self, split: str) -> Any:
+        return self._call("list_tasks", split)
+
+    def num_tasks(self, split: str) -> Any:
+        return self._call("num_tasks", split)
+
+    def get_task(self, split: str, index: int) -> Any:
+        return self._call("get_task", split, index)
+
+    def get_task_range(self, split: str, start: Optional[int], stop: Optional[int]) -> Any:
+        return self._call("get_task_range", split, start, stop)
+
+
+class WorkerHosts(HostFactory):
+    """`count` worker processes for `environments` (and `toolsets`), supervised by the server."""
+
+    def __init__(
+        self, count: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
+        *, memory_limit_mib: float | None = None,
+    ) -> None:
+        self._count = count
+        self._memory_limit_bytes = memory_limit_mib * 1024 * 1024 if memory_limit_mib else None
+        self._memory_watch: asyncio.Task[None] | None = None
+        self._names = {env_cls: name for name, env_cls in environments.items()}
+        self._setup = Setup(
+            sys_path=list(sys.path),
+            environments={name: import_path(cls, "environment") for name, cls in environments.items()},
+            toolsets=[import_path(cls, "toolset") for cls in toolsets.values()],
+            log_level=logging.getLogger().getEffectiveLevel(),
+        )
+        self._workers: list[_Worker] = []
+        self._catalogs: dict[type[Environment], WorkerCatalogHost] = {}
+        self._episode_ids = itertools.count(1)
+        self._worker_ids = itertools.count(1)
+        self._directory = ""
+        self._path = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._pending: dict[int, _Worker] = {}
+        self._closing = False
+        #: Workers that died young in a row (a crash loop when it grows); the restart backoff doubles with it.
+        self._young_deaths = 0
+        self._restarts: set[asyncio.Task[None]] = set()
+        self._on_availability: Callable[[bool], None] | None = None
+        self._available = True
+
+    async def start(self) -> None:
+        """Start every worker; WorkerStartupError (with the worker's traceback) when one cannot import."""
+        _remove_stale_hop_directories()
+        self._directory = tempfile.mkdtemp(prefix=HOP_DIRECTORY_PREFIX)  # 0700: only this user can reach the hop
+        self._path = os.path.join(self._directory, "hop.sock")
+        self._server = await asyncio.start_unix_server(self._accept, path=self._path)
+        os.chmod(self._path, 0o600)
+        starting = [self._spawn() for _ in range(self._count)]
+        try:
+            await asyncio.gather(*(self._until_ready(worker) for worker in starting))
+        except BaseException:
+            self._workers = starting
+            await self.close()
+            raise
+        self._workers = starting
+        if self._memory_limit_bytes is not None:
+            self._memory_watch = asyncio.get_running_loop().create_task(self._watch_memory(), name="ors-worker-memory")
+        logger.info("workers_started count=%d pids=%s", self._count,
+                    ",".join(str(w.process.pid) for w in self._workers))
+
+    def _spawn(self) -> _Worker:
+        worker_id = next(self._worker_ids)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ors_grpc._runtime.workers.worker", self._path, str(worker_id), str(os.getpid())],
+            stdin=subprocess.DEVNULL, env=_worker_environment(),
+        )
+        worker = self._pending[worker_id] = _Worker(worker_id, process, self._replace)
+        return worker
+
+    def _replace(self, dead: _Worker) -> None:
+        """Start a worker in the place of `dead` (backing off while workers die young)."""
+        if self._closing:
+            return
+        if dead in self._workers:
+            self._workers.remove(dead)
+        young = asyncio.get_running_loop().time() - dead.started < YOUNG_DEATH_S
+        self._young_deaths = self._young_deaths + 1 if young else 0
+        self._notify_availability()
+        task = asyncio.get_running_loop().create_task(self._restart(), name="ors-worker-restart")
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    def watch_availability(self, on_change: Callable[[bool], None]) -> None:
+        self._on_availability = on_change
+
+    def _notify_availability(self) -> None:
+        available = any(worker.alive for worker in self._workers)
+        if available != self._available:
+            self._available = available
+            logger.log(logging.INFO if available else logging.ERROR, "workers_available=%s", available)
+            if self._on_availability is not None:
+                self._on_availability(available)
+
+    def _backoff_s(self) -> float:
+        return 0.0 if self._young_deaths == 0 else min(MAX_RESTART_BACKOFF_S, 0.5 * 2 ** (self._young_deaths - 1))
+
+    async def _restart(self) -> None:
+        while not self._closing:
+            backoff = self._backoff_s()
+            if self._young_deaths == 3:  # once per crash loop
+                logger.error("worker_crash_loop young_deaths=%d backoff_s=%s workers_up=%d",
+                             self._young_deaths, backoff, len(self._workers))
+            await asyncio.sleep(backoff)
+            if self._closing:
+                return
+            worker = self._spawn()
+            try:
+                await self._until_ready(worker)
+            except WorkerStartupError as exc:
+                self._pending.pop(worker.worker_id, None)
+                if worker.process.poll() is None:
+                    worker.process.kill()
+                if self._young_deaths == 0:
+                    logger.error("worker_restart_failed %s", exc)
+                self._young_deaths += 1
+                continue
+            if self._closing:
+                await worker.stop()
+                return
+            self._workers.append(worker)
+            logger.info("worker_started worker=%d pid=%d", worker.worker_id, worker.process.pid)
+            self._notify_availability()
+            return
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello: Hello = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+            worker = self._pending.pop(hello.worker_id)
+            if worker.process.pid != hello.pid:
+                raise ValueError("a worker id from another process")
+        except Exception:
+            writer.close()
+            return
+        write_frame(writer, self._setup)
+        try:
+            ready: Ready = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+        except Exception as exc:
+            worker.connected.set_exception(WorkerStartupError(f"worker {worker.worker_id} ended while starting: {exc!r}"))
+            return
+        if ready.error:
+            worker.connected.set_exception(WorkerStartupError(
+                f"a worker process could not import the environments:\n{ready.error.rstrip()}"))
+            return
+        worker.attach(reader, writer)
+        worker.connected.set_result(None)
+
+    async def _until_ready(self, worker: _Worker) -> None:
+        deadline = asyncio.get_running_loop().time() + WORKER_START_TIMEOUT_S
+        while not worker.connected.done():
+            if worker.process.poll() is not None:
+                raise WorkerStartupError(
+                    f"worker {worker.worker_id} {_exit_text(worker.process.returncode)} while starting")
+            if asyncio.get_running_loop().time() > deadline:
+                raise WorkerStartupError(f"worker {worker.worker_id} did not start within {WORKER_START_TIMEOUT_S:g}s")
+            await asyncio.wait({worker.connected}, timeout=0.05)
+        worker.connected.result()
+
+    async def _watch_memory(self) -> None:
+        """Kill a worker whose RSS passed the limit, before the machine's OOM killer picks the server."""
+        assert self._memory_limit_bytes is not None
+        while True:
+            await asyncio.sleep(MEMORY_POLL_S)
+            for worker in list(self._workers):
+                rss = _rss_bytes(worker.process.pid)
+                if worker.alive and rss is not None and rss > self._memory_limit_bytes:
+                    logger.error("worker_killed worker=%d reason=memory_limit rss_mib=%.0f limit_mib=%.0f episodes=%d",
+                                 worker.worker_id, rss / 2**20, self._memory_limit_bytes / 2**20, worker.episodes)
+                    worker.kill(CRASH_CAUSE_MEMORY_LIMIT)
+
+    def least_loaded(self) -> _Worker:
+        live = [worker for worker in self._workers if worker.alive]
+        if not live:
+            raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING,
+                           "no worker process is up: they are being restarted")
+        return min(live, key=lambda worker: worker.episodes)
+
+    def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
+        return WorkerEpisodeHost(env_cls, self._names[env_cls], self.least_loaded(), next(self._episode_ids))
+
+    def catalog(self, env_cls: type[Environment]) -> WorkerCatalogHost:
+        host = self._catalogs.get(env_cls)
+        if host is None:
+            host = self._catalogs[env_cls] = WorkerCatalogHost(env_cls, self._names[env_cls], self)
+        return host
+
+    def worker_pids(self) -> list[int]:
+        return [worker.process.pid for worker in self._workers if worker.alive]
+
+    async def close(self) -> None:
+        """Stop every worker (after the session table ended its episodes)."""
+        self._closing = True
+        for task in [*self._restarts, *filter(None, [self._memory_watch])]:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(worker.stop() for worker in self._workers))
+        for worker in self._pending.values():
+            worker.process.kill()
+        if self._directory:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _remove_stale_hop_directories() -> None:
+    """Remove the hop directories of servers that were killed (SIGKILL leaves
+    them): this user's, over a minute old, whose socket no one listens on."""
+    now = time.time()
+    for directory in glob.glob(os.path.join(tempfile.gettempdir(), HOP_DIRECTORY_PREFIX + "*")):
+        try:
+            info = os.stat(directory)
+        except OSError:
+            continue
+        if info.st_uid != os.getuid() or now - info.st_mtime < STALE_HOP_DIRECTORY_S:
+            continue
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(os.path.join(directory, "hop.sock"))
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+        finally:
+            probe.close()
+
+
+def _rss_bytes(pid: int) -> int | None:
+    """A process's resident memory (VmRSS), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _worker_environment() -> dict[str, str]:
+    """The server's environment for a worker, unbuffered (its log lines arrive whole)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+class IsolatedHosts(WorkerHosts):
+    """`--isolation episode`: every episode in a process of its own, which ends
+    with the episode. `pool` processes (environments imported) are kept
+    started and idle, so creating an episode does not wait for a process
+    start; a fault costs exactly its own episode."""
+
+    def __init__(
+        self, pool: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
+        *, memory_limit_mib: float | None = None,
+    ) -> None:
+        super().__init__(pool, environments, toolsets, memory_limit_mib=memory_limit_mib)
+        self._setup = dataclasses.replace(self._setup, exit_after_episode=True)
+        #: Started processes no episode has claimed yet, oldest first.
+        self._idle: collections.deque[_Worker] = collections.deque()
+        self._starting = 0
+
+    async def start(self) -> None:
+        await super().start()
+        self._idle.extend(self._workers)
+
+    def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
+        while self._idle and not self._idle[0].alive:
+            self._idle.popleft()
+        if self._idle:
+            worker = self._idle.popleft()
+        else:  # the pool ran dry: a process of its own all the same, its calls wait for it to start
+            worker = self._spawn()
+            self._watch_start(worker, into_pool=False)
+            self._workers.append(worker)
+        self._top_up()
+        return WorkerEpisodeHost(env_cls, self._names[env_cls], worker, next(self._episode_ids))
+
+    def least_loaded(self) -> _Worker:
+        """For class-level calls: an idle process (it stays idle after them)."""
+        for worker in self._idle:
+            if worker.alive:
+                return worker
+        return super().least_loaded()
+
+    def _top_up(self) -> None:
+        while not self._closing and len(self._idle) + self._starting < self._count:
+            self._watch_start(self._spawn(), into_pool=True)
+
+    def _watch_start(self, worker: _Worker, *, into_pool: bool) -> None:
+        if into_pool:
+            self._starting += 1
+        task = asyncio.get_running_loop().create_task(self._started(worker, into_pool), name="ors-episode-process")
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _started(self, worker: _Worker, into_pool: bool) -> None:
+        try:
+            await self._until_ready(worker)
+        except WorkerStartupError as exc:
+            self._pending.pop(worker.worker_id, None)
+            if worker.process.poll() is None:
+                worker.process.kill()
+            if not worker.connected.done():
+                worker.connected.set_exception(exc)
+            logger.error("episode_process_start_failed %s", exc)
+            if into_pool:
+                self._starting -= 1
+                self._young_deaths += 1
+                await asyncio.sleep(self._backoff_s())
+                self._top_up()
+            return
+        self._young_deaths = 0
+        if into_pool:
+            self._starting -= 1
+            if self._closing:
+                await worker.stop()
+                return
+            self._workers.append(worker)
+            self._idle.append(worker)
+
+    def _replace(self, dead: _Worker) -> None:
+        """A process ended (with its episode, or crashed): it is not restarted; the pool is topped up."""
+        if dead in self._workers:
+            self._workers.remove(dead)
+        if dead in self._idle:
+            self._idle.remove(dead)
+        self._top_up()

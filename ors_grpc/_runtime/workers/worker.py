@@ -1,0 +1,194 @@
+"""A worker process: runs environments' code for the server that started it.
+
+Started as `python -m ors_grpc._runtime.workers.worker SOCKET WORKER_ID` (a
+fresh interpreter: see `supervisor`); it connects to the server's Unix
+socket, learns what to import (`hop.Setup`), and then serves the server's
+calls, each in a task of its own, with the in-process hosts
+(`local_hosts`): inside a worker, sync code is placed on the loop or in a
+thread as it is in the server (`sync_code_on_loop`).
+
+It ends when the server's socket closes (the server stopped or died), and,
+on Linux, is killed with the server (PR_SET_PDEATHSIG) even if its loop is stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from ors_grpc._runtime import user_code
+from ors_grpc._runtime.environment_host import EpisodeState
+from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
+from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, portable_error, read_frame, write_frame
+from ors_grpc.authoring.types import RunToolOutput
+
+logger = logging.getLogger("ors_grpc.worker")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the server's thread that started it ends."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the server died before the call above
+        os._exit(1)
+
+
+def _load(spec: str) -> Any:
+    module_name, _, qualname = spec.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+class _Episodes:
+    """The episodes living in this worker, by the server's episode id."""
+
+    def __init__(self, environments: dict[str, type], toolsets: dict[str, type]) -> None:
+        self.environments = environments
+        self.toolsets = toolsets
+        self.hosts = LocalHosts()
+        self.live: dict[int, LocalEpisodeHost] = {}
+        #: Episodes whose setup runs: ended during it, they are torn down after it.
+        self.setting_up: set[int] = set()
+        self.hosted_one = False
+        self.exit_after_episode = False
+
+    @property
+    def idle_after_an_episode(self) -> bool:
+        return self.hosted_one and not self.live and not self.setting_up
+
+    async def run(self, op: str, args: tuple) -> Any:
+        if op == "catalog":
+            env_name, method, call_args = args
+            return await getattr(self.hosts.catalog(self.environments[env_name]), method)(*call_args)
+        eid, *rest = args
+        if op == "construct":
+            env_name, task_spec, secrets = rest
+            host = self.live[eid] = self.hosts.episode(self.environments[env_name])
+            self.hosted_one = True
+            return await host.construct(task_spec, secrets)
+        if op == "end" or op == "teardown":
+            return await self._finish(eid, op)
+        host = self.live[eid]
+        if op == "attach_toolset":
+            return await host.attach_toolset(self.toolsets[rest[0]])
+        if op == "setup":
+            return await self._setup(eid, host)
+        if op == "run_tool":
+            name, tool_input = rest
+            tool = host.resolve_tool(name)
+            return tool if isinstance(tool, RunToolOutput) else await host.run_tool(name, tool, tool_input)
+        method = getattr(host, op)  # prompt, messages, task_tools, score_group
+        return await method(*rest)
+
+    async def _finish(self, eid: int, op: str) -> None:
+        """`end`: the episode is over (forgotten at once unless there is a setup to wait for or a
+        teardown to run); `teardown`: run it (after the setup still running, if any)."""
+        host = self.live.get(eid)
+        if host is None:
+            return
+        if op == "end":
+            host.end()
+            if not host.set_up and eid not in self.setting_up:
+                del self.live[eid]
+        elif eid not in self.setting_up:
+            await self._tear_down(eid, host)
+
+    async def _setup(self, eid: int, host: LocalEpisodeHost) -> None:
+        self.setting_up.add(eid)
+        try:
+            await host.setup()
+        finally:
+            self.setting_up.discard(eid)
+            if host.state is EpisodeState.ENDED:  # the server gave up on it meanwhile
+                await self._tear_down(eid, host)
+
+    async def _tear_down(self, eid: int, host: LocalEpisodeHost) -> None:
+        self.live.pop(eid, None)
+        await host.teardown()
+
+
+async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: int, op: str, args: tuple) -> None:
+    try:
+        value = await episodes.run(op, args)
+    except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
+        if call_id:
+            write_frame(writer, (call_id, False, RuntimeError("the call was cancelled")))
+        return
+    except Exception as exc:
+        if call_id:
+            write_frame(writer, (call_id, False, portable_error(exc)))
+        return
+    if call_id:
+        try:
+            write_frame(writer, (call_id, True, value))
+        except Exception as exc:  # a result that cannot be pickled
+            write_frame(writer, (call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+    if episodes.exit_after_episode and episodes.idle_after_an_episode:
+        await writer.drain()
+        os._exit(0)  # `--isolation episode`: the process ends with its episode
+
+
+async def serve(socket_path: str, worker_id: int) -> None:
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    write_frame(writer, Hello(worker_id, os.getpid()))
+    setup: Setup = await read_frame(reader)
+    sys.path[:] = setup.sys_path
+    logging.basicConfig(level=setup.log_level, stream=sys.stderr,
+                        format=f"time=%(asctime)s level=%(levelname)s worker={worker_id} "
+                               "logger=%(name)s msg=%(message)s")
+    try:
+        environments = {name: _load(spec) for name, spec in setup.environments.items()}
+        toolsets = {spec: _load(spec) for spec in setup.toolsets}
+    except BaseException:
+        write_frame(writer, Ready(error=traceback.format_exc()))
+        await writer.drain()
+        return
+    write_frame(writer, Ready())
+    episodes = _Episodes(environments, toolsets)
+    episodes.exit_after_episode = setup.exit_after_episode
+    running: dict[int, asyncio.Task[None]] = {}
+    anonymous: set[asyncio.Task[None]] = set()
+    while True:
+        try:
+            call_id, op, args = await read_frame(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return  # the server closed the hop: it stopped, or died
+        if op == "cancel":
+            task = running.get(args[0])
+            if task is not None:
+                task.cancel()
+            continue
+        task = asyncio.get_running_loop().create_task(_answer(writer, episodes, call_id, op, args))
+        if call_id:
+            running[call_id] = task
+            task.add_done_callback(lambda _, call_id=call_id: running.pop(call_id, None))
+        else:
+            anonymous.add(task)
+            task.add_done_callback(anonymous.discard)
+
+
+def main() -> None:
+    socket_path, worker_id, parent_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    _die_with_parent(parent_pid)
+    user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
+    asyncio.run(serve(socket_path, worker_id))
+    os._exit(0)  # sync code still running in threads must not keep a worker alive after its server
+
+
+if __name__ == "__main__":
+    main()
