@@ -3,6 +3,8 @@ the server supervises; an episode lives in one worker for its whole life."""
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import signal
@@ -79,6 +81,15 @@ async def test_episodes_live_in_worker_processes_spread_over_the_workers(tmp_pat
             assert sorted(path.name for path in tmp_path.iterdir()) == ["teardown-first", "teardown-second"]
 
 
+async def refuses_prompts(stub, sid: str) -> bool:
+    """Whether the episode's GetPrompt is refused now (its process is gone)."""
+    try:
+        await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
+    except grpc.aio.AioRpcError:
+        return True
+    return False
+
+
 async def grpc_crash_details(call) -> tuple[grpc.StatusCode, str, str, dict[str, str]]:
     """A call that fails: its code, reason, message and ErrorInfo metadata."""
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -139,14 +150,7 @@ async def test_a_worker_killed_from_outside_is_named_by_its_signal() -> None:
             sid = await grpc_episode(stub, "killed", env_name="workerprobeenv")
             os.kill(await grpc_pid(stub, sid), signal.SIGKILL)
 
-            async def crashed() -> bool:
-                try:
-                    await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-                except grpc.aio.AioRpcError:
-                    return True
-                return False
-
-            await eventually(crashed, "the episode to answer that its worker is gone")
+            await eventually(functools.partial(refuses_prompts, stub, sid), "the episode to answer that its worker is gone")
             code, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
             assert reason == CRASHED[1]
@@ -185,14 +189,7 @@ async def test_a_worker_over_the_memory_limit_is_killed_and_its_episode_says_why
             sid = await grpc_episode(stub, "hoarder", env_name="workerprobeenv")
             await grpc_call(stub, sid, "hoard_memory")  # answered (or failed) before the next reading
 
-            async def crashed() -> bool:
-                try:
-                    await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-                except grpc.aio.AioRpcError:
-                    return True
-                return False
-
-            await eventually(crashed, "the worker over the limit to be killed")
+            await eventually(functools.partial(refuses_prompts, stub, sid), "the worker over the limit to be killed")
             _, reason, message, metadata = await grpc_crash_details(
                 stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
             assert reason == CRASHED[1] and (metadata["cause"], metadata["signal"]) == ("memory_limit", "SIGKILL")
