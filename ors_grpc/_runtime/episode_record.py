@@ -94,11 +94,13 @@ class EpisodeRecorder:
         self._last_reward: Optional[float] = None
         self._finished = False
 
-    def call_started(self, name: str, tool_input: Any) -> RecordedCall:
-        """A new call's entry (kept in the record while under the cap)."""
+    def call_started(self, name: str, tool_input: Any, input_json: Optional[str] = None) -> RecordedCall:
+        """A new call's entry (kept in the record while under the cap).
+        `input_json`: `tool_input` as JSON text already (the request's, which
+        kept json_text's rules), kept as it is unless secrets must be masked."""
         if self._masking:
-            tool_input, name = _masked(tool_input, self._redact), self._redact(name)
-        text = json_text.dumps(tool_input)
+            tool_input, name, input_json = _masked(tool_input, self._redact), self._redact(name), None
+        text = json_text.dumps(tool_input) if input_json is None else input_json
         size = len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
         call = RecordedCall(name, text if size <= MAX_RECORDED_INPUT_BYTES else None, size)
         self._started += 1

@@ -260,9 +260,14 @@ def _ids_to_reserve(request: pb.PrepareEpisodesRequest, count: int, routed: str)
     return session_ids
 
 
-def _tool_input(tool_call: pb.ToolCallStep | Any) -> dict[str, Any]:
-    """A call's input object ({} when unset)."""
-    return _convert.load_json_object(tool_call.input, "call.input") if tool_call.HasField("input") else {}
+def _tool_input(tool_call: pb.ToolCallStep | Any) -> tuple[dict[str, Any], str]:
+    """A call's input object ({} when unset) and its JSON text as the request
+    carried it: the episode record keeps that text rather than writing the
+    object out again."""
+    if not tool_call.HasField("input"):
+        return {}, "{}"
+    text = tool_call.input.json
+    return _convert.parse_json_object(text, "call.input"), text
 
 
 def _keyed_tool_call(session: Session, tool_call: Any, key: str) -> ToolCallTask:
@@ -270,10 +275,10 @@ def _keyed_tool_call(session: Session, tool_call: Any, key: str) -> ToolCallTask
     if tool_call.task_id:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                        "give either call.task_id (attach) or idempotency_key, not both")
-    name, tool_input = tool_call.name, _tool_input(tool_call)
+    name, (tool_input, input_json) = tool_call.name, _tool_input(tool_call)
     return session.calls.run_once(
         key, call_fingerprint("tool", name, tool_input),
-        lambda task_id: session.calls.start(session.host, name, tool_input, task_id=task_id),
+        lambda task_id: session.calls.start(session.host, name, tool_input, task_id=task_id, input_json=input_json),
     )
 
 
@@ -570,7 +575,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         elif tool_call.task_id:
             call = session.calls.attach(tool_call.task_id)
         else:
-            call = session.calls.start(session.host, tool_call.name, _tool_input(tool_call))
+            tool_input, input_json = _tool_input(tool_call)
+            call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
         yield pb.CallToolResponse(task_id=call.task_id)
         yield await _outcome_event(session, call)
 
@@ -578,7 +584,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
         # A ToolCallStep names no session: it always acts on the stream's.
         session = await self._sessions.ready(_stream_session_id("", stream_sid))
-        call = session.calls.start(session.host, step.name, _tool_input(step), task_id=step.task_id)
+        tool_input, input_json = _tool_input(step)
+        call = session.calls.start(session.host, step.name, tool_input, task_id=step.task_id, input_json=input_json)
         return await _outcome_event(session, call)
 
     @_unary

@@ -142,10 +142,13 @@ class SessionToolCalls:
         return any(not call.done for call in self._calls.values())
 
     def start(
-        self, host: EpisodeHost, name: str, tool_input: dict[str, Any], *, task_id: str | None = None
+        self, host: EpisodeHost, name: str, tool_input: dict[str, Any], *, task_id: str | None = None,
+        input_json: str | None = None,
     ) -> ToolCallTask:
-        """Runs a call under `task_id` (the client's choice), else a new one."""
-        return self._start(lambda: self._recorded_run(host, name, tool_input), f"ors-tool-{name}", task_id, TOOL_CALL)
+        """Runs a call under `task_id` (the client's choice), else a new one.
+        `input_json`: `tool_input` as the request's JSON text, for the record."""
+        return self._start(lambda: self._recorded_run(host, name, tool_input, input_json), f"ors-tool-{name}",
+                           task_id, TOOL_CALL)
 
     def start_scoring(
         self, host: EpisodeHost, candidates: Sequence[GroupCandidate], *, task_id: str | None = None
@@ -219,10 +222,12 @@ class SessionToolCalls:
         self._evictions.pop(task_id, None)
         self._calls.pop(task_id, None)
 
-    async def _recorded_run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+    async def _recorded_run(
+        self, host: EpisodeHost, name: str, tool_input: dict[str, Any], input_json: str | None
+    ) -> CallOutcome:
         """`_run`, written down in the episode's record; the outcome carries its result message."""
         record = self._record
-        call = record.call_started(name, tool_input) if record is not None else None
+        call = record.call_started(name, tool_input, input_json) if record is not None else None
         try:
             outcome = await self._run(host, name, tool_input)
         except asyncio.CancelledError:

@@ -43,6 +43,7 @@ __all__ = [
     "load_json_object",
     "message_from_proto",
     "messages_to_proto",
+    "parse_json_object",
     "run_tool_output_to_proto",
     "split_to_proto",
     "task_to_proto",
@@ -67,8 +68,13 @@ def _optional_json_value(value: Any, field: str = "the value") -> types_pb2.Json
 def load_json_object(message: types_pb2.JsonValue, field: str) -> dict[str, Any]:
     """Parse a request's JsonValue that must be a JSON object: JSON_LIMIT
     when it breaks json_text's rules, INVALID_REQUEST when it is not JSON."""
+    return parse_json_object(message.json, field)
+
+
+def parse_json_object(text: str, field: str) -> dict[str, Any]:
+    """`load_json_object` of a JsonValue's text (read once by a caller that keeps it)."""
     try:
-        value = json_text.loads(message.json, field)
+        value = json_text.loads(text, field)
     except json_text.JsonLimitError as exc:
         raise json_limit(exc) from None
     except ValueError as exc:

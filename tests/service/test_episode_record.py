@@ -77,6 +77,16 @@ async def test_secret_values_are_masked_in_inputs_and_errors() -> None:
     assert record.calls[1].tool_name == "***"
 
 
+async def test_the_record_keeps_a_calls_input_as_the_request_wrote_it() -> None:
+    written = '{"a": 1, "b": 2.0}'  # not the compact text the server would write
+    async with serving() as stub:
+        sid = await create_episode(stub)
+        call = types_pb2.ToolCall(name="add", input=types_pb2.JsonValue(json=written))
+        [_ async for _ in stub.CallTool(pb.CallToolRequest(session_id=sid, call=call))]
+        record = await _record(stub, sid)
+    assert record.calls[0].input.json == written and record.calls[0].input_bytes == len(written)
+
+
 async def test_the_record_is_bounded_in_calls_and_input_size() -> None:
     async with serving() as stub:
         sid = await create_episode(stub)
