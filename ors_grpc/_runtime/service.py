@@ -305,15 +305,21 @@ async def _scoring_outcome_event(session: Session, call: ToolCallTask) -> pb.Sco
     return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
 
 
-async def _outcome_event(session: Session, call: ToolCallTask) -> pb.CallToolResponse:
-    """Waits for a call to end: its result, or its failure when the tool raised."""
+async def _outcome_event(session: Session, call: ToolCallTask, event: pb.CallToolResponse) -> pb.CallToolResponse:
+    """Waits for a call to end and writes its result, or its failure when the
+    tool raised, into `event` (a CallTool event, or a RunEpisode answer's
+    `call_tool`): the result message is copied once, not once per enclosing
+    message a constructor would copy it into."""
     outcome = await call.outcome()
     session.touch()
     if outcome.message is not None:
-        return pb.CallToolResponse(result=outcome.message)
-    if outcome.result is not None:
-        return pb.CallToolResponse(result=_convert.run_tool_output_to_proto(outcome.result))
-    return pb.CallToolResponse(failure=pb.ToolFailure(message=outcome.failure or ""))
+        event.result.CopyFrom(outcome.message)
+    elif outcome.result is not None:
+        event.result.CopyFrom(_convert.run_tool_output_to_proto(outcome.result))
+    else:
+        event.failure.SetInParent()
+        event.failure.message = outcome.failure or ""
+    return event
 
 
 class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
@@ -578,15 +584,18 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             tool_input, input_json = _tool_input(tool_call)
             call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
         yield pb.CallToolResponse(task_id=call.task_id)
-        yield await _outcome_event(session, call)
+        yield await _outcome_event(session, call, pb.CallToolResponse())
 
-    async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.CallToolResponse:
-        """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
+    async def _stream_tool_call(
+        self, step: pb.ToolCallStep, stream_sid: str | None, answer: pb.RunEpisodeResponse
+    ) -> pb.RunEpisodeResponse:
+        """A RunEpisode call_tool step: the call gets the client's task id; its outcome, written into `answer`."""
         # A ToolCallStep names no session: it always acts on the stream's.
         session = await self._sessions.ready(_stream_session_id("", stream_sid))
         tool_input, input_json = _tool_input(step)
         call = session.calls.start(session.host, step.name, tool_input, task_id=step.task_id, input_json=input_json)
-        return await _outcome_event(session, call)
+        await _outcome_event(session, call, answer.call_tool)
+        return answer
 
     @_unary
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
@@ -624,12 +633,14 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             try:
                 if step == "create":
                     sid = await self._create_stream_episode(request.create, sid, context)
-                    answer = pb.RunEpisodeResponse(create=pb.CreateEpisodeResponse(session_id=sid))
+                    answer = pb.RunEpisodeResponse()
+                    answer.create.session_id = sid  # (constructors copy a message given to them)
                 elif step == "delete":
                     deleted = _stream_session_id(request.delete.session_id, sid)
                     await self._sessions.delete(deleted)
                     sid = None
-                    answer = pb.RunEpisodeResponse(delete=pb.DeleteEpisodeResponse(session_id=deleted))
+                    answer = pb.RunEpisodeResponse()
+                    answer.delete.session_id = deleted
                 else:
                     answer = await self._episode_step(step, request, sid)
                 answer = self._within_limit(answer, f"the answer to the {step} step")
@@ -663,7 +674,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             tools = await self._task_tools(_stream_session_id(request.list_task_tools.session_id, stream_sid))
             return pb.RunEpisodeResponse(list_task_tools=tools)
         if step == "call_tool":
-            return pb.RunEpisodeResponse(call_tool=await self._stream_tool_call(request.call_tool, stream_sid))
+            return await self._stream_tool_call(request.call_tool, stream_sid, pb.RunEpisodeResponse())
         if step == "get_messages":
             messages = await self._messages(_stream_session_id(request.get_messages.session_id, stream_sid))
             return pb.RunEpisodeResponse(get_messages=messages)
