@@ -470,7 +470,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def GetPrompt(self, request: pb.GetPromptRequest, context: Any) -> pb.GetPromptResponse:
-        return await self._prompt(self._session_id(request, context))
+        return await self._prompt(self._session_id(request, context), pb.GetPromptResponse())
 
     @_unary
     async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
@@ -504,13 +504,16 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                            f"unknown toolset {name!r}; valid options are {sorted(self._toolsets)}")
         return toolset_cls
 
-    async def _prompt(self, sid: str) -> pb.GetPromptResponse:
+    async def _prompt(self, sid: str, answer: pb.GetPromptResponse) -> pb.GetPromptResponse:
+        """The episode's prompt, written into `answer` (GetPrompt's, or a RunEpisode answer's `get_prompt`)."""
         session = await self._sessions.ready(sid)
         if session.host.implements("get_prompt"):
             blocks = await _session_code(session, session.host.prompt())
         else:  # a conversation-shaped environment: its messages, flattened
             blocks = flatten_messages(await self._session_messages(session))
-        return pb.GetPromptResponse(blocks=_convert.blocks_to_proto(blocks))
+        answer.SetInParent()  # (an empty prompt too)
+        _convert.write_blocks(answer.blocks, blocks)
+        return answer
 
     async def _session_messages(self, session: Session) -> Sequence[Message]:
         """The environment's `get_messages`, validated as Messages."""
@@ -668,8 +671,9 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     ) -> pb.RunEpisodeResponse:
         """The answer to a step within an episode."""
         if step == "get_prompt":
-            prompt = await self._prompt(_stream_session_id(request.get_prompt.session_id, stream_sid))
-            return pb.RunEpisodeResponse(get_prompt=prompt)
+            answer = pb.RunEpisodeResponse()
+            await self._prompt(_stream_session_id(request.get_prompt.session_id, stream_sid), answer.get_prompt)
+            return answer
         if step == "list_task_tools":
             tools = await self._task_tools(_stream_session_id(request.list_task_tools.session_id, stream_sid))
             return pb.RunEpisodeResponse(list_task_tools=tools)

@@ -35,7 +35,6 @@ from ors_grpc.authoring.types import (
 )
 
 __all__ = [
-    "blocks_to_proto",
     "group_candidate_to_proto",
     "group_candidates_from_proto",
     "group_scores_to_proto",
@@ -49,6 +48,7 @@ __all__ = [
     "task_to_proto",
     "tool_listing",
     "tool_specs_to_proto",
+    "write_blocks",
 ]
 
 _BLOCKS = TypeAdapter(list[Union[TextBlock, ImageBlock]])
@@ -84,24 +84,28 @@ def parse_json_object(text: str, field: str) -> dict[str, Any]:
     return value
 
 
-def _block_to_proto(block: TextBlock | ImageBlock) -> types_pb2.Block:
+def _write_block(target: types_pb2.Block | types_pb2.MessageBlock, block: TextBlock | ImageBlock) -> None:
+    """A text or image block, written into `target` in place (the writers
+    below all do: a message handed to a constructor is copied, an image's
+    bytes included). Assigning a field sets its message in the parent, "" too."""
     if isinstance(block, TextBlock):
-        return types_pb2.Block(
-            text=types_pb2.TextBlock(text=block.text, detail=_optional_json_value(block.detail, "a block's detail"))
-        )
-    return types_pb2.Block(
-        image=types_pb2.ImageBlock(
-            # a2b_base64 takes the str as is (b64decode would copy it to bytes first).
-            data=binascii.a2b_base64(block.data),
-            mime_type=block.mimeType,
-            detail=_optional_json_value(block.detail, "a block's detail"),
-        )
-    )
+        text = target.text
+        text.text = block.text
+        if block.detail is not None:
+            text.detail.json = json_text.dumps(block.detail, "a block's detail")
+        return
+    image = target.image
+    # a2b_base64 takes the str as is (b64decode would copy it to bytes first).
+    image.data = binascii.a2b_base64(block.data)
+    image.mime_type = block.mimeType
+    if block.detail is not None:
+        image.detail.json = json_text.dumps(block.detail, "a block's detail")
 
 
-def blocks_to_proto(blocks: Sequence[Any]) -> list[types_pb2.Block]:
-    """Prompt or output blocks (models, or dicts of their JSON shape)."""
-    return [_block_to_proto(block) for block in _BLOCKS.validate_python(list(blocks))]
+def write_blocks(target: Any, blocks: Sequence[Any]) -> None:
+    """Prompt or output blocks (models, or dicts of their JSON shape), added to `target` (a repeated Block field)."""
+    for block in _BLOCKS.validate_python(list(blocks)):
+        _write_block(target.add(), block)
 
 
 def _tool_spec_to_proto(spec: ToolSpec) -> types_pb2.ToolSpec:
@@ -132,7 +136,9 @@ def tool_listing(tools: ListToolsOutput) -> dict[str, Any]:
 
 def _message_block_to_proto(block: Any) -> types_pb2.MessageBlock:
     if isinstance(block, (TextBlock, ImageBlock)):
-        return types_pb2.MessageBlock(**{block.type: getattr(_block_to_proto(block), block.type)})
+        written = types_pb2.MessageBlock()
+        _write_block(written, block)
+        return written
     detail = _optional_json_value(block.detail, "a block's detail")
     if isinstance(block, ReasoningBlock):
         return types_pb2.MessageBlock(
@@ -142,9 +148,13 @@ def _message_block_to_proto(block: Any) -> types_pb2.MessageBlock:
         return types_pb2.MessageBlock(tool_call=types_pb2.ToolCallBlock(
             id=block.id, name=block.name, input=json_value(block.input, "a tool_call block's input"), detail=detail
         ))
-    return types_pb2.MessageBlock(tool_result=types_pb2.ToolResultBlock(
-        tool_call_id=block.tool_call_id, blocks=blocks_to_proto(block.blocks), is_error=block.is_error, detail=detail
-    ))
+    written = types_pb2.MessageBlock()
+    result = written.tool_result
+    result.tool_call_id, result.is_error = block.tool_call_id, block.is_error
+    write_blocks(result.blocks, block.blocks)
+    if detail is not None:
+        result.detail.CopyFrom(detail)
+    return written
 
 
 def _message_to_proto(message: Message) -> types_pb2.Message:
@@ -238,19 +248,21 @@ def group_scores_to_proto(scores: Sequence[Any]) -> list[types_pb2.GroupScore]:
     ]
 
 
-def _tool_output_to_proto(output: ToolOutput) -> types_pb2.ToolOutput:
-    return types_pb2.ToolOutput(
-        blocks=blocks_to_proto(output.blocks),
-        metadata=_optional_json_value(output.metadata, "the tool output's metadata"),
-        reward=output.reward,
-        finished=output.finished,
-    )
+def _write_tool_output(target: types_pb2.ToolOutput, output: ToolOutput) -> None:
+    write_blocks(target.blocks, output.blocks)
+    if output.metadata is not None:
+        target.metadata.json = json_text.dumps(output.metadata, "the tool output's metadata")
+    if output.reward is not None:
+        target.reward = output.reward
+    target.finished = output.finished  # (sets `output` in its parent, False too)
 
 
 def run_tool_output_to_proto(result: RunToolOutput) -> types_pb2.RunToolResult:
     outcome = result.root
     if outcome.ok:
-        return types_pb2.RunToolResult(output=_tool_output_to_proto(outcome.output))
+        message = types_pb2.RunToolResult()
+        _write_tool_output(message.output, outcome.output)
+        return message
     return types_pb2.RunToolResult(error=outcome.error, reason=RUN_TOOL_ERROR_REASON.value(outcome.reason))
 
 
