@@ -22,8 +22,7 @@ import hashlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
@@ -53,10 +52,10 @@ RELEASE_WAIT_S = 10.0
 MAX_TASK_ID_LENGTH = 128
 
 
-@dataclass(frozen=True)
-class CallOutcome:
+class CallOutcome(NamedTuple):
     """A call's end: the tool's result (or tool-level error) or a scoring's
-    scores, else the message of the exception it raised."""
+    scores, else the message of the exception it raised. (A named tuple:
+    immutable, and made in half the time of a frozen dataclass, twice a call.)"""
 
     result: RunToolOutput | list[GroupScore] | None = None
     failure: str | None = None
@@ -244,7 +243,7 @@ class SessionToolCalls:
             message = None
         if record is not None and call is not None:
             record.call_returned(call, outcome.result, message.ByteSize() if message is not None else 0)
-        return CallOutcome(outcome.result, outcome.failure, message)  # (dataclasses.replace costs 4x as much)
+        return CallOutcome(outcome.result, outcome.failure, message)
 
     async def _run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""
@@ -270,7 +269,10 @@ class SessionToolCalls:
             async with gate.shared():
                 return await self._run_in_turn(host, name, fn, tool_input)
         # The tool lock outside the gate: calls queued on a tool do not hold an exclusive one off.
-        async with self._tool_locks.setdefault(name, asyncio.Lock()):
+        lock = self._tool_locks.get(name)
+        if lock is None:
+            lock = self._tool_locks[name] = asyncio.Lock()
+        async with lock:
             if gate is None:
                 return await self._run_in_turn(host, name, fn, tool_input)
             async with gate.shared():
@@ -291,8 +293,10 @@ class SessionToolCalls:
         self, host: EpisodeHost, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
     ) -> CallOutcome:
         started = time.monotonic()
+        call = host.run_tool(name, fn, tool_input)
         try:
-            result = await asyncio.wait_for(host.run_tool(name, fn, tool_input), self._timeout_s)
+            # Without a timeout, no wait_for: one coroutine less on every call.
+            result = await (call if self._timeout_s is None else asyncio.wait_for(call, self._timeout_s))
         except asyncio.TimeoutError:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
             return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")
