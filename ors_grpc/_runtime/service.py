@@ -32,7 +32,7 @@ from ors_grpc.authoring.environment import Environment, find_terminal_tool, flat
 from ors_grpc._runtime.environment_host import CatalogHost
 from ors_grpc._runtime.server_stats import WINDOW_S
 from ors_grpc._runtime.session import Session
-from ors_grpc._runtime.tool_calls import ToolCallTask
+from ors_grpc._runtime.tool_calls import CallOutcome, ToolCallTask
 from ors_grpc.protocol import json_text
 from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
 from ors_grpc._runtime.drain import Drain
@@ -45,6 +45,17 @@ from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, SESSION_ID_METADAT
 __all__ = ["EnvironmentService", "environment_map", "toolset_map"]
 
 logger = logging.getLogger("ors_grpc.service")
+
+#: What at most two levels of messages around a part add to its size (a
+#: field tag and a length each): answers whose parts' sizes are known are
+#: measured against the message limit only when those come this close to it.
+_WRAPPING_BYTES = 32
+#: How a message limit error names a CallTool event, and each RunEpisode step's answer.
+_CALL_TOOL_EVENT = "a CallTool message"
+_STEP_ANSWERS = {
+    step.name: f"the answer to the {step.name} step"
+    for step in pb.RunEpisodeRequest.DESCRIPTOR.oneofs_by_name["step"].fields
+}
 
 LISTING_UNSUPPORTED_MESSAGE = (
     "list_tasks is not supported for this environment. "
@@ -186,10 +197,12 @@ async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIte
 def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A unary handler answering through `_answering`."""
 
+    what = f"the {handler.__name__} answer"
+
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with _answering(handler.__name__, context):
-            return self._within_limit(await handler(self, request, context), f"the {handler.__name__} answer")
+            return self._within_limit(await handler(self, request, context), what)
 
     return wrapped
 
@@ -197,11 +210,13 @@ def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
 def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     """A server-streaming handler answering through `_answering`."""
 
+    what = f"a {handler.__name__} message"
+
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with _answering(handler.__name__, context):
             async for message in handler(self, request, context):
-                yield self._within_limit(message, f"a {handler.__name__} message")
+                yield self._within_limit(message, what)
 
     return wrapped
 
@@ -305,11 +320,11 @@ async def _scoring_outcome_event(session: Session, call: ToolCallTask) -> pb.Sco
     return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
 
 
-async def _outcome_event(session: Session, call: ToolCallTask, event: pb.CallToolResponse) -> pb.CallToolResponse:
+async def _write_outcome(session: Session, call: ToolCallTask, event: pb.CallToolResponse) -> CallOutcome:
     """Waits for a call to end and writes its result, or its failure when the
     tool raised, into `event` (a CallTool event, or a RunEpisode answer's
     `call_tool`): the result message is copied once, not once per enclosing
-    message a constructor would copy it into."""
+    message a constructor would copy it into. Returns the outcome."""
     outcome = await call.outcome()
     session.touch()
     if outcome.message is not None:
@@ -319,7 +334,23 @@ async def _outcome_event(session: Session, call: ToolCallTask, event: pb.CallToo
     else:
         event.failure.SetInParent()
         event.failure.message = outcome.failure or ""
-    return event
+    return outcome
+
+
+def _size_around(text: str) -> int:
+    """A bound on the size of an answer that holds `text` and no other content
+    (a session or task id; a str is at most 4 bytes a character in UTF-8)."""
+    return 4 * len(text) + _WRAPPING_BYTES
+
+
+def _outcome_size(outcome: CallOutcome) -> int | None:
+    """A bound on the size of the answer that carries `outcome` (its result
+    was measured as it was made), None when unknown."""
+    if outcome.message is not None:
+        return outcome.message_bytes + _WRAPPING_BYTES
+    if outcome.result is None:
+        return _size_around(outcome.failure or "")
+    return None
 
 
 class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
@@ -336,15 +367,18 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         #: Answers larger than this fail with MESSAGE_TOO_LARGE (None: no check).
         self._max_message_bytes = max_message_bytes
 
-    def _within_limit(self, message: Any, what: str) -> Any:
+    def _within_limit(self, message: Any, what: str, size_at_most: int | None = None) -> Any:
         """`message`, unless it is over the message limit: then ORSError
         MESSAGE_TOO_LARGE, raised here rather than by grpc (which would end
         the call with no reason and log a traceback) and the same for the
-        in-process channel, which has no limit of its own."""
-        if self._max_message_bytes is not None:
+        in-process channel, which has no limit of its own. `size_at_most`: a
+        bound on its size the caller knows; it is measured (which costs as
+        much as writing it out) only when that bound does not clear the limit."""
+        limit = self._max_message_bytes
+        if limit is not None and (size_at_most is None or size_at_most > limit):
             size = message.ByteSize()
-            if size > self._max_message_bytes:
-                raise message_too_large(what, size, self._max_message_bytes)
+            if size > limit:
+                raise message_too_large(what, size, limit)
         return message
 
     def _session_id(self, request: Any, context: grpc.aio.ServicerContext, *, creating: bool = False) -> str:
@@ -476,11 +510,12 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def ListTaskTools(self, request: pb.ListTaskToolsRequest, context: Any) -> pb.ListTaskToolsResponse:
         return await self._task_tools(self._session_id(request, context))
 
-    @_streaming
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
-        sid = self._session_id(request, context)
-        async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
-            yield event
+        # As `_streaming`, but `_call_events` checks its events' size itself (it knows bounds on them).
+        async with _answering("CallTool", context):
+            sid = self._session_id(request, context)
+            async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
+                yield event
 
     async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest, api_key: str = "") -> None:
         self._sessions.check_can_create(sid)
@@ -586,19 +621,21 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         else:
             tool_input, input_json = _tool_input(tool_call)
             call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
-        yield pb.CallToolResponse(task_id=call.task_id)
-        yield await _outcome_event(session, call, pb.CallToolResponse())
+        yield self._within_limit(pb.CallToolResponse(task_id=call.task_id), _CALL_TOOL_EVENT,
+                                 _size_around(call.task_id))
+        event = pb.CallToolResponse()
+        outcome = await _write_outcome(session, call, event)
+        yield self._within_limit(event, _CALL_TOOL_EVENT, _outcome_size(outcome))
 
-    async def _stream_tool_call(
-        self, step: pb.ToolCallStep, stream_sid: str | None, answer: pb.RunEpisodeResponse
-    ) -> pb.RunEpisodeResponse:
-        """A RunEpisode call_tool step: the call gets the client's task id; its outcome, written into `answer`."""
+    async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.RunEpisodeResponse:
+        """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
         # A ToolCallStep names no session: it always acts on the stream's.
         session = await self._sessions.ready(_stream_session_id("", stream_sid))
         tool_input, input_json = _tool_input(step)
         call = session.calls.start(session.host, step.name, tool_input, task_id=step.task_id, input_json=input_json)
-        await _outcome_event(session, call, answer.call_tool)
-        return answer
+        answer = pb.RunEpisodeResponse()
+        outcome = await _write_outcome(session, call, answer.call_tool)
+        return self._within_limit(answer, _STEP_ANSWERS["call_tool"], _outcome_size(outcome))
 
     @_unary
     async def Ping(self, request: pb.PingRequest, context: Any) -> pb.PingResponse:
@@ -621,7 +658,6 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     # One episode over one stream ----------------------------------------------
 
-    @_streaming
     async def RunEpisode(
         self, requests: AsyncIterator[pb.RunEpisodeRequest], context: Any
     ) -> AsyncIterator[pb.RunEpisodeResponse]:
@@ -630,26 +666,32 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         request iterator the same way on a half-close and on a cancelled call,
         so the end of the stream cannot tell a done client from a broken
         connection (whose episode must stay reachable, to attach to a call)."""
-        sid: str | None = None
-        async for request in requests:
-            step = request.WhichOneof("step")
-            try:
-                if step == "create":
-                    sid = await self._create_stream_episode(request.create, sid, context)
-                    answer = pb.RunEpisodeResponse()
-                    answer.create.session_id = sid  # (constructors copy a message given to them)
-                elif step == "delete":
-                    deleted = _stream_session_id(request.delete.session_id, sid)
-                    await self._sessions.delete(deleted)
-                    sid = None
-                    answer = pb.RunEpisodeResponse()
-                    answer.delete.session_id = deleted
-                else:
-                    answer = await self._episode_step(step, request, sid)
-                answer = self._within_limit(answer, f"the answer to the {step} step")
-            except Exception as exc:
-                answer = pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
-            yield answer
+        # As `_streaming` would, but each answer is checked against the message
+        # limit as it is made (bounds on some are known), not once more after.
+        async with _answering("RunEpisode", context):
+            sid: str | None = None
+            async for request in requests:
+                step = request.WhichOneof("step")
+                try:
+                    if step == "call_tool":
+                        answer = await self._stream_tool_call(request.call_tool, sid)
+                    elif step == "create":
+                        sid = await self._create_stream_episode(request.create, sid, context)
+                        answer = pb.RunEpisodeResponse()
+                        answer.create.session_id = sid  # (constructors copy a message given to them)
+                        answer = self._within_limit(answer, _STEP_ANSWERS[step], _size_around(sid))
+                    elif step == "delete":
+                        deleted = _stream_session_id(request.delete.session_id, sid)
+                        await self._sessions.delete(deleted)
+                        sid = None
+                        answer = pb.RunEpisodeResponse()
+                        answer.delete.session_id = deleted
+                        answer = self._within_limit(answer, _STEP_ANSWERS[step], _size_around(deleted))
+                    else:
+                        answer = self._within_limit(await self._episode_step(step, request, sid), _STEP_ANSWERS[step])
+                except Exception as exc:
+                    answer = pb.RunEpisodeResponse(error=_step_error(f"RunEpisode.{step}", exc))
+                yield answer
 
     async def _create_stream_episode(
         self, request: pb.CreateEpisodeRequest, stream_sid: str | None, context: Any
@@ -677,8 +719,6 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         if step == "list_task_tools":
             tools = await self._task_tools(_stream_session_id(request.list_task_tools.session_id, stream_sid))
             return pb.RunEpisodeResponse(list_task_tools=tools)
-        if step == "call_tool":
-            return await self._stream_tool_call(request.call_tool, stream_sid, pb.RunEpisodeResponse())
         if step == "get_messages":
             messages = await self._messages(_stream_session_id(request.get_messages.session_id, stream_sid))
             return pb.RunEpisodeResponse(get_messages=messages)

@@ -61,6 +61,8 @@ class CallOutcome(NamedTuple):
     failure: str | None = None
     #: A tool call's `result` as its message, made once when the call ended.
     message: types_pb2.RunToolResult | None = None
+    #: `message`'s size in bytes, measured once: the record keeps it, answers are bounded by it.
+    message_bytes: int = 0
 
 
 def _refused_as_finished(name: str) -> CallOutcome:
@@ -240,10 +242,12 @@ class SessionToolCalls:
         try:
             message = convert.run_tool_output_to_proto(outcome.result)
         except Exception:  # left to the RPC, which answers it as it always did
-            message = None
+            message, size = None, 0
+        else:
+            size = message.ByteSize()
         if record is not None and call is not None:
-            record.call_returned(call, outcome.result, message.ByteSize() if message is not None else 0)
-        return CallOutcome(outcome.result, outcome.failure, message)
+            record.call_returned(call, outcome.result, size)
+        return CallOutcome(outcome.result, outcome.failure, message, size)
 
     async def _run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""

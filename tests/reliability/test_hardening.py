@@ -440,12 +440,14 @@ def test_an_answer_over_the_limit_is_resource_exhausted_with_a_reason_over_grpc(
         # On a RunEpisode stream the step fails and the stream goes on.
         create = pb.CreateEpisodeRequest(env_name="sizesenv")
         create.task_spec.json = json.dumps({"prompt_bytes": RESULT_BYTES})
+        blob = pb.ToolCallStep(name="blob", task_id="big", input=call.call.input)
         steps = [pb.RunEpisodeRequest(create=create), pb.RunEpisodeRequest(get_prompt=pb.GetPromptRequest()),
-                 pb.RunEpisodeRequest(delete=pb.DeleteEpisodeRequest())]
+                 pb.RunEpisodeRequest(call_tool=blob), pb.RunEpisodeRequest(delete=pb.DeleteEpisodeRequest())]
         answers = list(stub.RunEpisode(iter(steps), timeout=60))
-        assert [answer.WhichOneof("step") for answer in answers] == ["create", "error", "delete"]
-        assert answers[1].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-        assert answers[1].error.reason == errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE
+        assert [answer.WhichOneof("step") for answer in answers] == ["create", "error", "error", "delete"]
+        for refused in answers[1:3]:
+            assert refused.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            assert refused.error.reason == errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE
     assert "Traceback" not in doors.http[0].log.read_text()
 
 
