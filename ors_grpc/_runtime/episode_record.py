@@ -79,11 +79,12 @@ class EpisodeRecorder:
                  "_reward_sum", "_last_reward", "_finished")
 
     def __init__(self, env_name: str, task_spec: Any, toolset_name: Optional[str], redact: Callable[[str], str],
-                 *, masking: bool = True):
+                 *, masking: bool = True, task_json: Optional[str] = None):
         """`masking=False`: the episode has no secrets (`redact` changes
-        nothing), so inputs are written down without a walk through them."""
+        nothing), so inputs are written down without a walk through them.
+        `task_json`: `task_spec` as JSON text already (the request's), kept as it is."""
         self.env_name = env_name
-        self.task_json = json_text.dumps(task_spec)
+        self.task_json = json_text.dumps(task_spec) if task_json is None else task_json
         self.toolset_name = toolset_name
         self.created_at = time.time()
         self._redact = redact

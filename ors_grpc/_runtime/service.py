@@ -521,8 +521,10 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         self._sessions.check_can_create(sid)
         env_cls = self._env_cls(request.env_name) if request.env_name else next(iter(self._envs.values()))
         source = request.WhichOneof("task_source")
+        task_json = None  # the task spec's JSON text, when the request carried it (the record keeps it)
         if source == "task_spec":
-            task_spec = _convert.load_json_object(request.task_spec, "task_spec")
+            task_json = request.task_spec.json
+            task_spec = _convert.parse_json_object(task_json, "task_spec")
         elif source == "task_index":
             task_spec = await self._get_task(env_cls, request.task_index.split, request.task_index.index)
         else:
@@ -530,7 +532,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
                            "Provide either task_spec or both split and index, not both/neither")
         toolset_name = request.toolset_name if request.HasField("toolset_name") else None
         toolset_cls = self._toolset_cls(toolset_name) if toolset_name is not None else None
-        await self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls, toolset_name)
+        await self._sessions.create(sid, env_cls, task_spec, dict(request.secrets), api_key, toolset_cls, toolset_name,
+                                    task_json=task_json)
 
     def _toolset_cls(self, name: str) -> type:
         toolset_cls = self._toolsets.get(name)

@@ -130,6 +130,7 @@ class SessionTable:
     async def create(
         self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
         api_key: str = "", toolset_cls: type | None = None, toolset_name: str | None = None,
+        *, task_json: str | None = None,
     ) -> Session:
         """Register an episode, start its construction (with its session
         toolset's, `toolset_cls`) and setup, or claim a prepared one of the
@@ -138,12 +139,12 @@ class SessionTable:
         toolset, so a creation with one never claims); and wait for the
         constructors. One that raised fails the creation (the episode is
         unregistered): SETUP_FAILED, or TOOLSET_REFUSED for a toolset's
-        ValueError."""
+        ValueError. `task_json`: `task_spec` as the request's JSON text, for the record."""
         self.check_can_create(sid)
         session = None if toolset_cls is not None else self.warm.claim(env_cls, task_spec, secrets, api_key, sid)
         if session is None:
             self._check_room(1)
-            session = self._start(sid, env_cls, task_spec, secrets, toolset_cls, toolset_name)
+            session = self._start(sid, env_cls, task_spec, secrets, toolset_cls, toolset_name, task_json)
         session.sid = sid
         session.record.created_at = time.time()  # a claimed episode's life starts now
         session.touch()
@@ -185,13 +186,13 @@ class SessionTable:
 
     def _start(
         self, sid: str, env_cls: type[Environment], task_spec: dict[str, Any], secrets: dict[str, str],
-        toolset_cls: type | None = None, toolset_name: str | None = None,
+        toolset_cls: type | None = None, toolset_name: str | None = None, task_json: str | None = None,
     ) -> Session:
         """A new session whose construction (with its session toolset's,
         `toolset_cls`) and setup run in the background."""
         redact = redactor(secrets.values())
         record = EpisodeRecorder(env_cls.name().lower(), task_spec, toolset_name, redact,
-                                 masking=redact is not _no_secrets)
+                                 masking=redact is not _no_secrets, task_json=task_json)
         exclusive = class_has_exclusive_tools(env_cls) or (
             toolset_cls is not None and class_has_exclusive_tools(toolset_cls)
         )

@@ -77,13 +77,15 @@ async def test_secret_values_are_masked_in_inputs_and_errors() -> None:
     assert record.calls[1].tool_name == "***"
 
 
-async def test_the_record_keeps_a_calls_input_as_the_request_wrote_it() -> None:
+async def test_the_record_keeps_the_task_and_a_calls_input_as_the_requests_wrote_them() -> None:
+    task_spec = {"question": "1+1?", "answer": "2"}
     written = '{"a": 1, "b": 2.0}'  # not the compact text the server would write
     async with serving() as stub:
-        sid = await create_episode(stub)
+        sid = await create_episode(stub, task_spec=task_spec)  # (written by json.dumps: spaced)
         call = types_pb2.ToolCall(name="add", input=types_pb2.JsonValue(json=written))
         [_ async for _ in stub.CallTool(pb.CallToolRequest(session_id=sid, call=call))]
         record = await _record(stub, sid)
+    assert record.task.json == json.dumps(task_spec)
     assert record.calls[0].input.json == written and record.calls[0].input_bytes == len(written)
 
 
