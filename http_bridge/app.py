@@ -31,7 +31,7 @@ from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry
 from ._browsers import browser_checks, install_cors
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
-from ._sse import Event, SSEWriter, chunk_events, sse_response, wants_event_stream
+from ._sse import Event, SSEWriter, chunk_events, done_within, sse_response, wants_event_stream
 from . import _openapi, _static, _tracing
 
 __all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
@@ -389,7 +389,7 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
         if first is grpc.aio.EOF or first.WhichOneof("event") != "task_id":
             raise web.HTTPBadGateway(reason="The ORS backend ended the call without a task id")
         outcome = asyncio.ensure_future(stream.read())
-        await asyncio.wait({outcome}, timeout=QUICK_RESULT_S)
+        await done_within(outcome, QUICK_RESULT_S)
         if outcome.done():
             return sse_response([("task_id", first.task_id), *_outcome_events(outcome, result_json)])
         return await _stream_call(request, first.task_id, outcome, result_json)
