@@ -24,6 +24,7 @@ import logging
 import sys
 import threading
 import time
+import types
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -178,7 +179,7 @@ async def run_user_code(
     a time: under the reference SDK sync code runs on the event loop and
     never overlaps, and environments written for it may rely on that.
     """
-    if inspect.iscoroutinefunction(fn):
+    if _is_coroutine_function(fn):
         return await fn(*args)
     in_thread, placement = _decide(fn, on_loop)  # on entry, as `runs_in_worker_thread` answers
     if on_loop:
@@ -193,6 +194,17 @@ async def run_user_code(
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
+    """`inspect.iscoroutinefunction(fn)`; for a method of a plain function
+    (most calls: tools, get_prompt) read off its code's flags, which is what
+    inspect's five Python calls come to (a few thousand instructions a call)."""
+    func = getattr(fn, "__func__", None)
+    # (Unless marked by 3.12's inspect.markcoroutinefunction, which inspect also reads.)
+    if type(func) is types.FunctionType and "_is_coroutine_marker" not in func.__dict__:
+        return bool(func.__code__.co_flags & inspect.CO_COROUTINE)
+    return inspect.iscoroutinefunction(fn)
 
 
 def user_code_call_in(thread_id: int) -> tuple[Any, Callable[..., Any]] | None:
