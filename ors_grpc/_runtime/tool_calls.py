@@ -18,6 +18,7 @@ tool have).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import hashlib
 import logging
@@ -152,7 +153,10 @@ class SessionToolCalls:
         self._timeout_s = timeout_s
         self._redact = redact
         self._calls: dict[str, ToolCallTask] = {}
-        self._evictions: dict[str, asyncio.TimerHandle] = {}
+        #: Finished calls, in the order they finished: (loop time to forget it, task id).
+        self._lingering: collections.deque[tuple[float, str]] = collections.deque()
+        #: The one timer that forgets them, due for the first (set while any lingers).
+        self._forget_timer: asyncio.TimerHandle | None = None
         self._tool_locks: dict[str, asyncio.Lock] = {}
         #: Only for sessions with an exclusive tool: other calls then pass it shared.
         self._gate = gate
@@ -224,9 +228,10 @@ class SessionToolCalls:
 
     async def release(self) -> None:
         """Cancel running calls and forget every call (the session ended)."""
-        for handle in self._evictions.values():
-            handle.cancel()
-        self._evictions.clear()
+        if self._forget_timer is not None:
+            self._forget_timer.cancel()
+            self._forget_timer = None
+        self._lingering.clear()
         calls, self._calls = list(self._calls.values()), {}
         cancelled = {call.cancel() for call in calls if not call.done}
         if cancelled:
@@ -238,12 +243,21 @@ class SessionToolCalls:
     def _on_done(self, task_id: str) -> None:
         self.last_completed = time.monotonic()
         if task_id in self._calls:
+            # One timer per session, not per call (a timer costs more than the rest of this): every
+            # call lingers as long, so they are forgotten in the order they finished.
             loop = asyncio.get_running_loop()
-            self._evictions[task_id] = loop.call_later(self._linger_s, self._evict, task_id)
+            self._lingering.append((loop.time() + self._linger_s, task_id))
+            if self._forget_timer is None:
+                self._forget_timer = loop.call_at(self._lingering[0][0], self._forget_lingered)
 
-    def _evict(self, task_id: str) -> None:
-        self._evictions.pop(task_id, None)
-        self._calls.pop(task_id, None)
+    def _forget_lingered(self) -> None:
+        """Forget the finished calls whose linger is over; the timer is set again for the next one."""
+        loop = asyncio.get_running_loop()
+        now, lingering = loop.time(), self._lingering
+        self._calls.pop(lingering.popleft()[1], None)  # the one the timer was set for (it may fire a hair early)
+        while lingering and lingering[0][0] <= now:
+            self._calls.pop(lingering.popleft()[1], None)
+        self._forget_timer = loop.call_at(lingering[0][0], self._forget_lingered) if lingering else None
 
     async def _recorded_run(
         self, host: EpisodeHost, name: str, tool_input: dict[str, Any], input_json: str | None

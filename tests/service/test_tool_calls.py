@@ -219,6 +219,34 @@ async def test_results_expire_after_the_linger_time() -> None:
         assert CountingEnv.runs == {"count": 1}
 
 
+async def _attachable(stub, sid: str, task_id: str) -> bool:
+    request = pb.CallToolRequest(session_id=sid, call=tool_call("count", task_id=task_id))
+    try:
+        [event async for event in stub.CallTool(request)]
+    except grpc.aio.AioRpcError as error:
+        assert error_reason(error) == "ERROR_REASON_UNKNOWN_TASK_ID"
+        return False
+    return True
+
+
+async def test_each_result_lingers_from_its_own_end() -> None:
+    CountingEnv.reset()
+    async with serving([CountingEnv], ServerConfig(result_linger_s=0.6)) as stub:
+        sid = await create_episode(stub, "countingenv")
+        first, _ = await call_tool(stub, sid, "count")
+        await asyncio.sleep(0.4)
+        second, _ = await call_tool(stub, sid, "count")
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while await _attachable(stub, sid, first):  # bounded poll: no event marks the expiry
+            assert asyncio.get_running_loop().time() < deadline, "the first result never expired"
+            await asyncio.sleep(0.02)
+        assert await _attachable(stub, sid, second)  # it ended 0.4 s later: it lingers on
+        while await _attachable(stub, sid, second):
+            assert asyncio.get_running_loop().time() < deadline, "the second result never expired"
+            await asyncio.sleep(0.02)
+        assert CountingEnv.runs == {"count": 2}
+
+
 async def test_no_tool_runs_after_the_episode_finished(stub) -> None:
     sid = await create_episode(stub, "countingenv", task_spec={"answer": "42"})
     _, event = await call_tool(stub, sid, "submit", {"answer": "42"})
