@@ -5,9 +5,12 @@ episodes, the large image and idle sessions without errors, and that the
 report is printed.
 """
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,3 +84,14 @@ def test_bench_placements_mode_prints_every_row_measured_or_why_not():
                 assert len(fields) == 10 and float(fields[0]) > 0 and fields[6] == "0", row
             else:
                 assert "error" in rest and "did not start" not in rest, row  # serve's own one-line error
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_bench_callgrind_counts_a_few_episodes_of_this_checkout():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.callgrind", "--episodes", "3", "--warmup", "1", "--workers", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loop, others, total = (float(figure) for figure in done.stdout.splitlines()[-1].split()[-3:])
+    assert loop > 0 and others >= 0 and total == pytest.approx(loop + others, abs=0.002), done.stdout
