@@ -9,8 +9,8 @@ or of ``--tree``) runs under callgrind with counting off; this process runs
 dumps the counts and prints them per episode: the event loop's thread (where
 the service, the doors and the environment's code run) apart from the other
 threads (grpc's poller and executors, whose share varies from run to run with
-timing, and the loop monitor, which wakes per second of wall time, slowed
-about fifteen times here).
+timing, and the loop monitor, which wakes per second of wall time, about
+thirty times as many seconds here).
 
 Both trees take the same path: the environment's sync code is pinned to the
 loop (a thread hop depends on timing), and the HTTP bridge's quick-result
