@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import gc
 import inspect
@@ -235,7 +236,8 @@ def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -
 async def _in_worker_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
     # A call that raises is not counted: it neither earns nor costs a place.
     loop = asyncio.get_running_loop()
-    running = loop.run_in_executor(_user_code_executor(), _counted, fn, args)
+    # In the caller's context, as asyncio.to_thread runs it: spans the code opens nest under the call's.
+    running = loop.run_in_executor(_user_code_executor(), contextvars.copy_context().run, _counted, fn, args)
     if not cancelled_calls_wait_for_their_thread:
         result, seconds = await running
     else:

@@ -4,11 +4,15 @@ One set of metrics per process, in `prometheus_client`'s default registry (the
 Python client's convention): `ors-grpc serve --metrics-port N` and
 `ors-grpc bridge --metrics-port N` serve it at `http://HOST:N/metrics`. The
 bridge's own metrics (`ors_bridge_*`, in `http_bridge._metrics`) land in the
-same registry, so `serve --http-port --metrics-port` exposes both.
+same registry, so `serve --http-port --metrics-port` exposes both. With
+worker processes (`--workers N`, `--isolation episode`) the server's registry
+also reads its workers at each scrape (`track_workers`); the workers
+themselves expose nothing.
 
 Label values are bounded: environment names are registered class names, tool
 names are only those the environment defines (anything else is `unknown`),
-methods are RPC names, codes are gRPC status names. Session ids are never a
+methods are RPC names, codes are gRPC status names, crash causes are
+`CRASH_CAUSES`, worker ids are those of live workers. Session ids are never a
 label: there can be millions.
 """
 
@@ -18,13 +22,15 @@ import asyncio
 import functools
 import inspect
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, NamedTuple, Optional, TypeVar
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from ors_grpc.observability import tracing
 from ors_grpc.observability.rpc_handlers import wrap_behavior
+from ors_grpc.protocol.errors import CRASH_CAUSES
 
 __all__ = [
     "OPEN_SESSIONS",
@@ -38,15 +44,19 @@ __all__ = [
     "TOOL_CALL_SECONDS",
     "WARM_EPISODES",
     "WARM_EPISODES_ENDED",
+    "WORKER_RESTARTS",
     "RpcMetricsInterceptor",
+    "WorkerReading",
     "session_closed",
     "session_opened",
     "start_metrics_server",
     "timed_setup",
     "track_session_load",
+    "track_workers",
     "timed_tool_call",
     "warm_episode_ended",
     "warm_episode_prepared",
+    "worker_died",
 ]
 
 if TYPE_CHECKING:  # aiohttp is imported only to serve /metrics
@@ -97,6 +107,12 @@ SESSION_LOAD = Gauge(
 )
 RPCS_HANDLED = Counter(
     "ors_grpc_handled", "RPCs completed, by method and gRPC status code (errors: code != OK).", ["method", "code"],
+)
+WORKER_RESTARTS = Counter(
+    "ors_worker_restarts",
+    "Worker processes that ended unplanned and were replaced, by cause (the `cause` episodes that lived there"
+    " are answered with, ERROR_REASON_ENVIRONMENT_CRASHED's).",
+    ["cause"],
 )
 
 
@@ -195,6 +211,77 @@ async def timed_tool_call(host: Any, name: str, call: Awaitable[T]) -> T:
         metrics.in_flight.dec()
         metrics.seconds.observe(time.perf_counter() - started)
         metrics.calls[outcome].inc()
+
+
+# --- worker processes ----------------------------------------------------------------
+
+
+class WorkerReading(NamedTuple):
+    """One live worker process, read at a scrape."""
+
+    worker_id: int
+    episodes: int
+    #: Its resident memory; None where it cannot be read.
+    rss_bytes: Optional[int]
+
+
+class _WorkerGauges:
+    """`ors_workers_alive`, `ors_worker_episodes` and `ors_worker_resident_memory_bytes`, read
+    from the worker pools at each scrape: no call pays for them, and a dead worker's series go
+    with it (a Collector, since a labelled Gauge keeps every series until removed)."""
+
+    def __init__(self) -> None:
+        self.pools: list[Callable[[], Iterable[WorkerReading]]] = []
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        alive, episodes, memory = self._families()
+        readings = [reading for read in list(self.pools) for reading in read()]
+        alive.add_metric([], len(readings))
+        for reading in readings:
+            worker = str(reading.worker_id)
+            episodes.add_metric([worker], reading.episodes)
+            if reading.rss_bytes is not None:
+                memory.add_metric([worker], reading.rss_bytes)
+        return [alive, episodes, memory]
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("ors_workers_alive", "Worker processes up and serving (--workers, --isolation episode)."),
+            GaugeMetricFamily("ors_worker_episodes", "Episodes living in each worker process.", labels=["worker"]),
+            GaugeMetricFamily("ors_worker_resident_memory_bytes", "Resident memory (RSS) of each worker process.",
+                              labels=["worker"]),
+        )
+
+
+_worker_gauges = _WorkerGauges()
+
+
+def track_workers(read: Callable[[], Iterable[WorkerReading]]) -> Callable[[], None]:
+    """Expose the workers `read()` returns at every scrape (a worker pool's live workers), and
+    every restart cause at 0; returns the function that stops it. Servers without workers never
+    call it: they expose no worker series."""
+    if not _worker_gauges.pools:
+        REGISTRY.register(_worker_gauges)
+    _worker_gauges.pools.append(read)
+    for cause in CRASH_CAUSES:
+        WORKER_RESTARTS.labels(cause)
+
+    def untrack() -> None:
+        if read in _worker_gauges.pools:
+            _worker_gauges.pools.remove(read)
+            if not _worker_gauges.pools:
+                REGISTRY.unregister(_worker_gauges)
+
+    return untrack
+
+
+def worker_died(cause: str) -> None:
+    """A worker process ended unplanned (`cause`, one of CRASH_CAUSES) and is replaced."""
+    WORKER_RESTARTS.labels(cause).inc()
 
 
 # --- gRPC status codes, from a server interceptor --------------------------------

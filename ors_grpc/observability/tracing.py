@@ -25,6 +25,13 @@ Spans (never with secrets, tool input or output):
 The HTTP side (`http_bridge/_tracing.py`) adds one SERVER span per request
 and puts its context into the gRPC metadata.
 
+Worker processes (`--workers N`, `--isolation episode`) configure their own
+tracer provider from the same OTEL_* environment (they inherit it), and
+every call the server sends them while tracing is on carries the context of
+its current span (`current_carrier`, `continue_trace`): spans the
+environment's code opens there are children of `execute_tool` (or of
+`ors.setup`), in the same trace.
+
 Why not opentelemetry-instrumentation-grpc's aio server interceptor: it
 breaks streaming handlers written as coroutines (grpc.health's Watch) and
 reads metadata items as `.key`/`.value`, which the in-process channel's are
@@ -49,10 +56,13 @@ from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
 
 __all__ = [
     "RpcTracingInterceptor",
+    "continue_trace",
+    "current_carrier",
     "disable",
     "enable",
     "enabled",
     "extract_context",
+    "flush",
     "inject_context",
     "propagating",
     "server_interceptors",
@@ -67,6 +77,8 @@ T = TypeVar("T")
 
 #: The ORS tracer while tracing is on, else None (the hot path checks only this).
 tracer: Any = None
+#: The tracer provider behind `tracer` (flushed before a worker process ends).
+_provider: Any = None
 _environment_checked = False
 
 #: The session id an RPC acts on, for the spans of work it starts (tool calls
@@ -87,16 +99,29 @@ _SERVER_ERRORS = frozenset({
 
 def enable(tracer_provider: Any = None) -> None:
     """Trace from now on, with `tracer_provider` (default: the global one)."""
-    global tracer
+    global tracer, _provider
     from opentelemetry import trace
 
+    _provider = tracer_provider or trace.get_tracer_provider()
     tracer = trace.get_tracer("ors_grpc", __version__, tracer_provider)
 
 
 def disable() -> None:
     """Stop tracing (servers and bridges built while it was on keep their hooks)."""
-    global tracer
-    tracer = None
+    global tracer, _provider
+    tracer = _provider = None
+
+
+#: Milliseconds `flush` waits for the exporters at most.
+FLUSH_TIMEOUT_MS = 5000
+
+
+def flush() -> None:
+    """Export the spans still buffered, while tracing is on: a process that ends with
+    `os._exit` (a worker) skips the SDK's own flush at exit."""
+    force_flush = getattr(_provider, "force_flush", None)
+    if tracer is not None and force_flush is not None:
+        force_flush(FLUSH_TIMEOUT_MS)
 
 
 def enabled() -> bool:
@@ -201,13 +226,27 @@ def _sdk_tracer_provider(exporters: list[str]) -> Any:
 # --- propagation ---------------------------------------------------------------------
 
 
-def inject_context(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """`metadata` plus the current trace context (`traceparent`, ...)."""
+def current_carrier() -> dict[str, str]:
+    """The current trace context as W3C headers (`traceparent`, ...)."""
     from opentelemetry.propagate import inject
 
     carrier: dict[str, str] = {}
     inject(carrier)
-    return (*metadata, *carrier.items())
+    return carrier
+
+
+def inject_context(metadata: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """`metadata` plus the current trace context (`traceparent`, ...)."""
+    return (*metadata, *current_carrier().items())
+
+
+def continue_trace(carrier: dict[str, str]) -> None:
+    """Make the trace context of `carrier` (`current_carrier` of another process) current in
+    this task: spans opened from here on are its children. Nothing to undo: a task runs in a
+    copy of its creator's context, which ends with it."""
+    from opentelemetry import context
+
+    context.attach(extract_context(carrier))
 
 
 def propagating(channel: Any) -> Any:

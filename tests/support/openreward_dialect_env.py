@@ -9,12 +9,16 @@ It uses every openreward addition: concurrent and exclusive tools, a
 messages flattened), `score_group`, a declared toolset and a toolset to
 attach by name. Tools named `wait_*` let tests steer the concurrency rules
 without timing: each records that it entered, then waits until the test
-releases its tag (`release`), in the same process and event loop.
+releases its tag (`release`), in the same process and event loop; or, when
+the tools run in another process (`serve --workers`), through files in the
+folder named by STEERING_DIR_VARIABLE (`entered_in`, `release_in`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -24,6 +28,11 @@ from ors_grpc import (Environment, GroupScore, Message, ReasoningBlock, TextBloc
 #: Tags of the `wait_*` calls that entered their tool, in order.
 ENTERED: list[str] = []
 _RELEASES: dict[str, asyncio.Event] = {}
+#: A folder, when the tools run in another process than the test: a call that enters leaves
+#: `entered-TAG` there, and a `wait_*` call waits for `release-TAG`.
+STEERING_DIR_VARIABLE = "ORS_TEST_STEERING_DIR"
+#: Seconds between two looks for a release file.
+_RELEASE_POLL_S = 0.01
 
 
 def _release_event(tag: str) -> asyncio.Event:
@@ -40,6 +49,23 @@ def reset() -> None:
     _RELEASES.clear()
 
 
+def entered_in(folder: Path) -> set[str]:
+    """The tags of the calls that entered, steered through `folder`."""
+    return {path.name.removeprefix("entered-") for path in folder.glob("entered-*")}
+
+
+def release_in(folder: Path, tag: str) -> None:
+    """Let the `wait_*` call of `tag`, steered through `folder`, return (also before it started)."""
+    (folder / f"release-{tag}").touch()
+
+
+def _enter(tag: str) -> None:
+    ENTERED.append(tag)
+    folder = os.environ.get(STEERING_DIR_VARIABLE)
+    if folder:
+        Path(folder, f"entered-{tag}").touch()
+
+
 class Tag(BaseModel):
     tag: str
 
@@ -49,8 +75,13 @@ class Answer(BaseModel):
 
 
 async def _wait(tag: str, kind: str) -> ToolOutput:
-    ENTERED.append(tag)
-    await _release_event(tag).wait()
+    _enter(tag)
+    folder = os.environ.get(STEERING_DIR_VARIABLE)
+    if folder:
+        while not Path(folder, f"release-{tag}").exists():
+            await asyncio.sleep(_RELEASE_POLL_S)
+    else:
+        await _release_event(tag).wait()
     return ToolOutput(blocks=[TextBlock(text=f"{kind} {tag} done")])
 
 
@@ -153,7 +184,7 @@ class OpenRewardEnv(Environment):
     async def submit(self, params: Answer) -> ToolOutput:
         """Submit the final answer."""
         correct = params.answer.strip() == self.task_spec["answer"]
-        ENTERED.append("submit")
+        _enter("submit")
         return ToolOutput(blocks=[TextBlock(text="correct" if correct else "wrong")],
                           reward=1.0 if correct else 0.0, finished=True)
 

@@ -1,14 +1,25 @@
 """Environments for the worker-mode tests (`serve --workers N`): what the tests
-need to see (which process ran a call) travels in tool outputs."""
+need to see (which process ran a call, where its sync code ran) travels in
+tool outputs, log lines and spans."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
 
+from opentelemetry import trace
+
 from ors_grpc import ToolOutput, tool
 from tests.support.reliability_environments import ProbeEnv
+
+logger = logging.getLogger(__name__)
+#: The environment's own tracer (the OpenTelemetry API's global one), as environment code gets one.
+tracer = trace.get_tracer(__name__)
+#: The attribute of the environment's spans that names the process that made them.
+PID_ATTRIBUTE = "probe.pid"
 
 #: A file whose existence keeps worker processes from importing this module (a crash loop), once set.
 POISON_VARIABLE = "ORS_TEST_WORKER_POISON"
@@ -18,7 +29,30 @@ if sys.argv[0].endswith("worker.py") and Path(os.environ.get(POISON_VARIABLE) or
 
 
 class WorkerProbeEnv(ProbeEnv):
-    """ProbeEnv whose tools also say which process runs them."""
+    """ProbeEnv whose tools also say which process runs them; its setup and its
+    `traced*` tools open spans of their own, its `log_tag` tool logs."""
+
+    def setup(self) -> None:
+        with tracer.start_as_current_span("probe.setup", attributes={PID_ATTRIBUTE: os.getpid()}):
+            pass
+
+    @tool
+    async def traced(self) -> ToolOutput:
+        """Opens a span (from an async tool, on the event loop)."""
+        with tracer.start_as_current_span("probe.async_work", attributes={PID_ATTRIBUTE: os.getpid()}):
+            return ToolOutput(blocks=[])
+
+    @tool
+    def traced_sync(self) -> ToolOutput:
+        """Opens a span (from a sync tool: in a thread at first)."""
+        with tracer.start_as_current_span("probe.sync_work", attributes={PID_ATTRIBUTE: os.getpid()}):
+            return ToolOutput(blocks=[])
+
+    @tool
+    def log_tag(self) -> ToolOutput:
+        """Logs one WARNING line naming the episode's tag."""
+        logger.warning("probe_log tag=%s", self.task_spec.get("tag"))
+        return ToolOutput(blocks=[])
 
     @tool
     def pid(self) -> ToolOutput:
@@ -51,3 +85,42 @@ class WorkerProbeEnv(ProbeEnv):
         """Keeps every new worker from starting (the poison file), then ends this one."""
         Path(os.environ[POISON_VARIABLE]).write_text("poison")
         os._exit(1)
+
+
+def _where() -> str:
+    """Where sync code runs now: on the event loop, or in a thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return "thread"
+    return "loop"
+
+
+class LoopPinnedEnv(ProbeEnv):
+    """All its sync code on the event loop (`sync_code_on_loop = True`); its
+    `where` tool says where each kind of that code ran in the episode."""
+
+    sync_code_on_loop = True
+
+    def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
+        super().__init__(task_spec, secrets)
+        self.ran_in = {"constructor": _where()}
+
+    def setup(self) -> None:
+        self.ran_in["setup"] = _where()
+
+    def get_prompt(self):
+        self.ran_in["get_prompt"] = _where()
+        return super().get_prompt()
+
+    @tool
+    def where(self) -> ToolOutput:
+        """Where the constructor, setup, prompt and this tool ran: `loop` or `thread`."""
+        self.ran_in["tool"] = _where()
+        return ToolOutput(blocks=[], metadata=self.ran_in)
+
+
+class ThreadPinnedEnv(LoopPinnedEnv):
+    """All its sync code in threads (`sync_code_on_loop = False`)."""
+
+    sync_code_on_loop = False

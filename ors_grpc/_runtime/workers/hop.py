@@ -11,7 +11,9 @@ need every value converted twice per call.
 Messages:
 
 - server -> worker: `(call_id, op, args)`, answered once; call id 0 asks for
-  no answer (`end` of an episode);
+  no answer (`end` of an episode); while tracing is on, a call carries a
+  fourth item, the trace context of the server's current span (W3C headers,
+  `tracing.current_carrier`), so that tracing off costs the hop nothing;
 - worker -> server: `(call_id, ok, value)`: the result, or the exception the
   environment raised (`portable_error` when it cannot be pickled).
 The first exchange is the worker's `Hello`, then the server's `Setup` (what

@@ -57,9 +57,10 @@ from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, Episode
 from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, local_error, read_frame, write_frame
 from ors_grpc.authoring.environment import Environment, overrides
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
+from ors_grpc.observability import metrics, tracing
 from ors_grpc.protocol.errors import (
-    CRASH_CAUSE_EXITED, CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_TOOL_TIMEOUT, ORSError, environment_crashed,
-    environment_crashed_from_exitcode,
+    CRASH_CAUSE_EXITED, CRASH_CAUSE_KEY, CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_TOOL_TIMEOUT, ORSError,
+    environment_crashed, environment_crashed_from_exitcode,
 )
 
 __all__ = ["IsolatedHosts", "WorkerHosts", "WorkerStartupError", "worker_count"]
@@ -159,7 +160,9 @@ class _Worker:
         call_id = next(self._call_ids)
         answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
-            write_frame(self.writer, (call_id, op, args))
+            # While tracing is on, the call carries its span's context: the environment's spans nest under it.
+            message = (call_id, op, args) if tracing.tracer is None else (call_id, op, args, tracing.current_carrier())
+            write_frame(self.writer, message)
             return await answer
         except asyncio.CancelledError:
             if self.alive and (answer.cancelled() or not answer.done()):  # no answer came: it runs on there
@@ -225,6 +228,7 @@ class _Worker:
             if status != 0 or self.hosts:
                 logger.error("worker_exited worker=%d pid=%d %s episodes_lost=%d", self.worker_id, self.process.pid,
                              _exit_text(status), len(self.hosts))
+                metrics.worker_died(self.crash.metadata[CRASH_CAUSE_KEY])
             self._on_lost(self)
 
     async def stop(self) -> None:
@@ -411,6 +415,7 @@ class WorkerHosts(HostFactory):
         self._restarts: set[asyncio.Task[None]] = set()
         self._on_availability: Callable[[bool], None] | None = None
         self._available = True
+        self._untrack_metrics: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
         """Start every worker; WorkerStartupError (with the worker's traceback) when one cannot import."""
@@ -429,6 +434,7 @@ class WorkerHosts(HostFactory):
         self._workers = starting
         if self._memory_limit_bytes is not None:
             self._memory_watch = asyncio.get_running_loop().create_task(self._watch_memory(), name="ors-worker-memory")
+        self._untrack_metrics = metrics.track_workers(self._readings)
         logger.info("workers_started count=%d pids=%s", self._count,
                     ",".join(str(w.process.pid) for w in self._workers))
 
@@ -560,9 +566,15 @@ class WorkerHosts(HostFactory):
     def worker_pids(self) -> list[int]:
         return [worker.process.pid for worker in self._workers if worker.alive]
 
+    def _readings(self) -> list[metrics.WorkerReading]:
+        """The workers up and serving, read at a metrics scrape (their memory too: no call pays for it)."""
+        return [metrics.WorkerReading(worker.worker_id, worker.episodes, _rss_bytes(worker.process.pid))
+                for worker in self._workers if worker.alive and worker.writer is not None]
+
     async def close(self) -> None:
         """Stop every worker (after the session table ended its episodes)."""
         self._closing = True
+        self._untrack_metrics()
         for task in [*self._restarts, *filter(None, [self._memory_watch])]:
             task.cancel()
         if self._server is not None:

@@ -9,6 +9,12 @@ thread as it is in the server (`sync_code_on_loop`).
 
 It ends when the server's socket closes (the server stopped or died), and,
 on Linux, is killed with the server (PR_SET_PDEATHSIG) even if its loop is stuck.
+
+Observability: its log lines carry `worker=N`; it traces when the OTEL_*
+environment it inherits from the server asks for it (`tracing.enabled`), and
+runs each call that brings the server's trace context in that context, so
+the environment's spans nest under the server's. Metrics are the server's
+alone: it reads the workers from outside.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, portable_error, read_frame, write_frame
 from ors_grpc.authoring.types import RunToolOutput
+from ors_grpc.observability import tracing
 
 logger = logging.getLogger("ors_grpc.worker")
 
@@ -121,7 +128,10 @@ class _Episodes:
         await host.teardown()
 
 
-async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: int, op: str, args: tuple) -> None:
+async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: int, op: str, args: tuple,
+                  trace_context: list[dict[str, str]]) -> None:
+    if trace_context:  # tracing is on in the server: this call's spans are children of its span
+        tracing.continue_trace(trace_context[0])
     try:
         value = await episodes.run(op, args)
     except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
@@ -139,7 +149,7 @@ async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: in
             write_frame(writer, (call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
     if episodes.exit_after_episode and episodes.idle_after_an_episode:
         await writer.drain()
-        os._exit(0)  # `--isolation episode`: the process ends with its episode
+        _exit()  # `--isolation episode`: the process ends with its episode
 
 
 async def serve(socket_path: str, worker_id: int) -> None:
@@ -150,6 +160,7 @@ async def serve(socket_path: str, worker_id: int) -> None:
     logging.basicConfig(level=setup.log_level, stream=sys.stderr,
                         format=f"time=%(asctime)s level=%(levelname)s worker={worker_id} "
                                "logger=%(name)s msg=%(message)s")
+    tracing.enabled()  # as the server decided, from the same OTEL_* environment
     try:
         environments = {name: _load(spec) for name, spec in setup.environments.items()}
         toolsets = {spec: _load(spec) for spec in setup.toolsets}
@@ -164,7 +175,7 @@ async def serve(socket_path: str, worker_id: int) -> None:
     anonymous: set[asyncio.Task[None]] = set()
     while True:
         try:
-            call_id, op, args = await read_frame(reader)
+            call_id, op, args, *trace_context = await read_frame(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             return  # the server closed the hop: it stopped, or died
         if op == "cancel":
@@ -172,7 +183,7 @@ async def serve(socket_path: str, worker_id: int) -> None:
             if task is not None:
                 task.cancel()
             continue
-        task = asyncio.get_running_loop().create_task(_answer(writer, episodes, call_id, op, args))
+        task = asyncio.get_running_loop().create_task(_answer(writer, episodes, call_id, op, args, trace_context))
         if call_id:
             running[call_id] = task
             task.add_done_callback(lambda _, call_id=call_id: running.pop(call_id, None))
@@ -187,7 +198,13 @@ def main() -> None:
     user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     asyncio.run(serve(socket_path, worker_id))
-    os._exit(0)  # sync code still running in threads must not keep a worker alive after its server
+    _exit()  # sync code still running in threads must not keep a worker alive after its server
+
+
+def _exit() -> None:
+    """End the process now, with the spans it made exported (os._exit skips the SDK's flush)."""
+    tracing.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
