@@ -35,7 +35,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
-from ors_grpc._runtime.workers.supervisor import worker_count  # noqa: E402
+from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, worker_count  # noqa: E402
 from ors_grpc.authoring.environment import Environment  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -225,6 +225,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
                        help="with --workers: a worker whose resident memory passes MIB is killed and replaced "
                             "(its episodes are lost, and say so)")
+    serve.add_argument("--worker-stall-limit", type=_non_negative_number, default=DEFAULT_STALL_LIMIT_S,
+                       metavar="SECONDS",
+                       help="with --workers or --isolation: a worker whose event loop one piece of code holds for "
+                            "SECONDS (measured in the worker, off its loop: a blocking call in an async def, a "
+                            "spin), or that stops reporting for as long (a frozen process), is killed and replaced "
+                            "(its episodes are lost, and say so), with or without --tool-timeout; 0: never. Load "
+                            "slows a loop but never holds it: the default is far above anything load makes")
     serve.add_argument("--log-level", **sub_log_level)
     _add_http_limits(serve)
     _add_browser_options(serve)
@@ -324,6 +331,7 @@ async def _serve(args: argparse.Namespace) -> None:
         drain_timeout_s=args.drain_timeout,
         workers=args.workers,
         worker_memory_limit_mib=args.worker_memory_limit,
+        worker_stall_limit_s=args.worker_stall_limit,
         isolation=args.isolation,
         allowed_hosts=tuple(args.allowed_hosts),
         allowed_origins=tuple(args.allowed_origins),

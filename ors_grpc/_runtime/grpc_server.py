@@ -34,7 +34,7 @@ from ors_grpc._runtime.local_hosts import LocalHosts
 from ors_grpc._runtime.loop_monitor import monitor_loop
 from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry, environment_map, toolset_map
 from ors_grpc._runtime.sessions import SessionTable
-from ors_grpc._runtime.workers.supervisor import IsolatedHosts, WorkerHosts
+from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, IsolatedHosts, WorkerHosts
 from ors_grpc.protocol.constants import (
     API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -105,6 +105,11 @@ class ServerConfig:
     #: With `workers`: a worker whose resident memory (RSS) passes this many
     #: MiB is killed and replaced, its episodes lost (None: no limit).
     worker_memory_limit_mib: float | None = None
+    #: With `workers` or `isolation`: a worker whose event loop one callback
+    #: holds this many seconds (measured in the worker, off its loop), or that
+    #: sends no heartbeat for as long, is killed and replaced, its episodes
+    #: lost (0: never). Load does not reach it (`_runtime/workers/supervisor`).
+    worker_stall_limit_s: float = DEFAULT_STALL_LIMIT_S
     #: "episode": every episode in a process of its own, ended with it, from
     #: a pool of `workers` (default 2) started processes (None: episodes share workers).
     isolation: str | None = None
@@ -286,11 +291,12 @@ def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegis
     """Where environments' code runs: in this process, or in `config.workers` worker processes."""
     if config.isolation == "episode":
         return IsolatedHosts(config.workers or 2, environment_map(environments), toolset_map(toolsets),
-                             memory_limit_mib=config.worker_memory_limit_mib)
+                             memory_limit_mib=config.worker_memory_limit_mib,
+                             stall_limit_s=config.worker_stall_limit_s)
     if not config.workers:
         return LocalHosts()
     return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets),
-                       memory_limit_mib=config.worker_memory_limit_mib)
+                       memory_limit_mib=config.worker_memory_limit_mib, stall_limit_s=config.worker_stall_limit_s)
 
 
 async def create_server(

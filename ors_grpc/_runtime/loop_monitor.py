@@ -4,14 +4,15 @@ A daemon thread sends the loop a probe (`call_soon_threadsafe`) every
 `PROBE_INTERVAL_S` and measures how late it runs; while a probe waits, the
 lag is "now - sent", so a loop blocked for good shows a lag that keeps
 growing (a heartbeat sent from the loop itself would just stop). A worker
-process reports `lag_s()` and `max_lag_s` in its heartbeat; in-process, the
-server's monitor logs one WARNING per stall over `STALL_WARNING_S`, naming
-the environment and the function (a tool, `setup`, `get_prompt`,
-`list_tasks`...) that holds the loop (`user_code.user_code_call_in`), while
-the stall lasts, and one INFO line with its length when it ends. The culprit
-must be seen running in two looks in a row (`PROBE_INTERVAL_S` apart), the
-same call both times: a loop merely busy with many quick calls (load) never
-shows one call twice, and such a stall is an INFO line only.
+process reports `lag_s()` in its heartbeat (`workers.worker`). Every
+monitor (the server's, in-process, and each worker's) logs one WARNING per
+stall over `STALL_WARNING_S`, naming the environment and the function (a
+tool, `setup`, `get_prompt`, `list_tasks`...) that holds the loop
+(`user_code.user_code_call_in`), while the stall lasts, and one INFO line
+with its length when it ends. The culprit must be seen running in two looks
+in a row (`PROBE_INTERVAL_S` apart), the same call both times: a loop merely
+busy with many quick calls (load) never shows one call twice, and such a
+stall is an INFO line only.
 
 The thread needs the GIL to look: code that blocks while holding it (a C
 extension that never lets go) is seen only once it ends. Load alone makes a
@@ -24,13 +25,15 @@ import asyncio
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from ors_grpc._runtime.user_code import user_code_call_in
 
-__all__ = ["PROBE_INTERVAL_S", "STALL_WARNING_S", "LoopMonitor", "describe_user_code", "monitor_loop"]
+__all__ = ["PROBE_INTERVAL_S", "STALL_WARNING_S", "LoopMonitor", "describe_user_code", "monitor_loop",
+           "warn_stall"]
 
 logger = logging.getLogger("ors_grpc.loop_monitor")
 
@@ -67,6 +70,12 @@ class LoopMonitor:
     once per stall: once an unanswered probe has waited `stall_s`, as soon as
     one user call is seen holding the loop in two looks in a row; `holder` is
     its user function.
+
+    `held_s()` tells a stall from load: the lag says how late the loop runs
+    what it is given, which many quick callbacks can make long (under CPU-heavy
+    threads each of the loop's many GIL hand-overs waits its turn); the time
+    one callback has held the loop grows only while a single callback runs
+    (a blocking call in an `async def`, a spin, a slow sync call on the loop).
     """
 
     def __init__(
@@ -89,12 +98,19 @@ class LoopMonitor:
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._loop_thread_id: Optional[int] = None  # learnt from the first probe
+        self._held_since: Optional[float] = None  # when the callback running now was first seen running
 
     def lag_s(self) -> float:
         """The loop's lag now: how long the unanswered probe has waited, else
         how late the last one ran."""
         sent = self._sent
         return time.monotonic() - sent if sent is not None else self._last_lag_s
+
+    def held_s(self) -> float:
+        """How long the callback running on the loop now has run, as far as the
+        looks while a probe waits saw it (0 while probes are answered in time)."""
+        since = self._held_since
+        return time.monotonic() - since if since is not None else 0.0
 
     def reset_max_lag(self) -> float:
         """`max_lag_s`, then start it afresh (e.g. once per heartbeat)."""
@@ -105,6 +121,22 @@ class LoopMonitor:
         """(frame, function) of the user call running on the loop now, or None."""
         thread_id = self._loop_thread_id
         return None if thread_id is None else user_code_call_in(thread_id)
+
+    def _running_callback(self) -> Any:
+        """The frame of the callback (`Handle._run`) running on the loop now, or None: the same
+        object for as long as that one callback runs, a new one for the next."""
+        thread_id = self._loop_thread_id
+        frame = None if thread_id is None else sys._current_frames().get(thread_id)
+        while frame is not None and frame.f_code is not _HANDLE_RUN:
+            frame = frame.f_back
+        return frame
+
+    def _look_at_callback(self, held_by: Any) -> Any:
+        """Note the callback running now; its clock starts when it was not running at the last look."""
+        callback = self._running_callback()
+        if callback is not held_by:
+            self._held_since = None if callback is None else time.monotonic()
+        return callback
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ors-loop-monitor", daemon=True)
@@ -128,6 +160,7 @@ class LoopMonitor:
                 return
             stalled = reported = False
             seen = None  # the user call seen holding the loop at the last look
+            held_by = None  # the callback seen running at the last look
             while not self._answered.wait(self.interval_s):
                 if self.loop.is_closed():
                     return
@@ -136,6 +169,7 @@ class LoopMonitor:
                     continue
                 lag = time.monotonic() - sent
                 self.max_lag_s = max(self.max_lag_s, lag)
+                held_by = self._look_at_callback(held_by)
                 if reported or lag < self.stall_s - self.interval_s:  # the first look a probe before
                     continue
                 call = self._user_call()
@@ -147,7 +181,7 @@ class LoopMonitor:
                             self.on_stall(lag, call[1])
                 seen = call
             self._last_lag_s = lag = time.monotonic() - sent
-            self._sent = None
+            self._sent = self._held_since = None
             self.max_lag_s = max(self.max_lag_s, lag)
             if stalled and not self._stopped.is_set():
                 logger.info("event_loop_stall_ended seconds=%.2f%s", lag,
@@ -155,11 +189,16 @@ class LoopMonitor:
             self._stopped.wait(self.interval_s)
 
 
-def _warn_stall(lag_s: float, holder: Callable[..., Any]) -> None:
+#: The code every callback of an asyncio event loop runs in (the stdlib's loops; a callback's frame
+#: of it is the callback's identity while it runs).
+_HANDLE_RUN = asyncio.events.Handle._run.__code__
+
+
+def warn_stall(lag_s: float, holder: Callable[..., Any]) -> None:
     environment, function = describe_user_code(holder)
     logger.warning(
         "event_loop_stalled seconds=%.1f environment=%s function=%s (still blocked: every episode of this "
-        "server waits; blocking code belongs in a sync function or `await asyncio.to_thread(...)`)",
+        "process waits; blocking code belongs in a sync function or `await asyncio.to_thread(...)`)",
         lag_s, environment, function)
 
 
@@ -174,7 +213,7 @@ def monitor_loop(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
     with _monitors_lock:
         monitor, users = _monitors.get(loop, (None, 0))
         if monitor is None:
-            monitor = LoopMonitor(loop, on_stall=_warn_stall)
+            monitor = LoopMonitor(loop, on_stall=warn_stall)
             monitor.start()
         _monitors[loop] = (monitor, users + 1)
 

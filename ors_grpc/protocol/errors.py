@@ -214,7 +214,7 @@ CRASH_CAUSE_EXITED = "exited"
 CRASH_CAUSE_SIGNAL = "signal"
 #: The server killed it: a call's code still ran a grace period after its tool timeout.
 CRASH_CAUSE_TOOL_TIMEOUT = "tool_timeout"
-#: The server killed it: its event loop lagged, or it stopped reporting, past the stall limit.
+#: The server killed it: one piece of code held its event loop, or it stopped reporting, past the stall limit.
 CRASH_CAUSE_STALLED = "stalled"
 #: The server killed it: its memory went over the worker memory limit.
 CRASH_CAUSE_MEMORY_LIMIT = "memory_limit"

@@ -18,17 +18,27 @@ Messages:
   environment raised (`portable_error` when it cannot be pickled).
 The first exchange is the worker's `Hello`, then the server's `Setup` (what
 to import), then the worker's `Ready` (or the traceback of its failure).
+
+Heartbeats travel on a second connection to the same socket, which a thread
+of the worker opens once it is ready and writes to with a plain blocking
+socket (`send_frame`), so that a worker whose event loop is stuck still
+reports it: `Heartbeats` (who is reporting), then one `Heartbeat` every
+`Setup.heartbeat_interval_s`, carrying the loop's lag and how long one
+callback has held it, measured off the loop (`loop_monitor`). The server
+never writes to that connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import pickle
+import socket
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Hello", "Ready", "Setup", "portable_error", "read_frame", "write_frame"]
+__all__ = ["Heartbeat", "Heartbeats", "Hello", "Ready", "Setup", "portable_error", "read_frame", "send_frame",
+           "write_frame"]
 
 _HEADER = struct.Struct(">I")
 #: A frame larger than this is a bug (messages are bounded by the server's message limit well below).
@@ -56,6 +66,8 @@ class Setup:
     log_level: int = 20
     #: `--isolation episode`: the worker exits once its one episode is over.
     exit_after_episode: bool = False
+    #: Seconds between two heartbeats (0: send none, no stall limit is watched).
+    heartbeat_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -65,9 +77,33 @@ class Ready:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class Heartbeats:
+    """The first frame of a worker's heartbeat connection: whose heartbeats follow."""
+
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The worker is alive; how its event loop does, in seconds."""
+
+    #: How late the loop runs what it is given (a stuck loop's grows; so can a loaded one's).
+    lag_s: float
+    #: How long the one callback running on the loop now has run (grows only while one holds it).
+    held_s: float
+
+
 def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     writer.write(_HEADER.pack(len(data)) + data)
+
+
+def send_frame(sock: socket.socket, message: Any) -> None:
+    """`write_frame` on a blocking socket, from a thread off the event loop."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(data)) + data)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:

@@ -32,6 +32,36 @@ the server stopped waiting for (the tool timeout, measured here, in the
 server) is cancelled in the worker; code still running `KILL_GRACE_S` later
 (a sync call in a thread, a blocked event loop) gets its worker killed and
 replaced, so no thread outlives its call's timeout by more than the grace.
+
+Stalls, with or without a tool timeout: each worker watches its event loop
+from a thread (`loop_monitor`) and another thread reports what it sees
+every heartbeat period (`HEARTBEAT_INTERVAL_S`, at most a quarter of the
+limit) on a connection of its own with blocking writes (`hop.Heartbeats`).
+A worker whose loop one callback has held past the stall limit
+(`--worker-stall-limit`, `DEFAULT_STALL_LIMIT_S`: a blocking call in an
+`async def`, a spin), or from which no heartbeat came for as long (a
+stopped process, C code that never lets the GIL go), is killed and
+replaced; its episodes answer ENVIRONMENT_CRASHED with cause `stalled`.
+
+Why load never trips it. The verdict is not the loop's lag (how late a
+callback posted from outside runs): load stretches that. Under CPU-heavy
+sync tools in threads, every GIL hand-over of the loop waits behind the
+threads, so a loop running many quick callbacks falls behind in proportion
+to the calls in flight (measured here: 0.14 s with 12 episodes per worker,
+1.3 s with 100; thousands would reach tens of seconds). The verdict is how
+long one callback has run, which load keeps short (0 with 12
+episodes per worker; 0.7 s at most with 100, on two cores shared with other
+jobs: one step that takes in a batch of requests, slowed by the same GIL
+hand-overs), and which grows without bound only while one piece of code
+holds the loop. Silence needs the process to get no CPU, or no GIL, at all.
+The default, 60 s: the verifiers env server's heartbeat, sent from the loop
+itself, killed healthy busy workers at 30 s and went to 60 s; ours cannot be
+held back by load, and still 60 s rather than gunicorn's 30 s, because a
+kill costs every episode of the worker and an `async def setup` that blocks
+its loop for tens of seconds (building an image with `subprocess.run`) is
+slow but works, and should keep working. A silence is counted only while
+this server's own loop runs: heartbeats that wait unread because it was held
+do not count against a worker.
 """
 
 from __future__ import annotations
@@ -50,20 +80,23 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
-from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, local_error, read_frame, write_frame
+from ors_grpc._runtime.workers.hop import (
+    Heartbeat, Heartbeats, Hello, Ready, Setup, local_error, read_frame, write_frame,
+)
 from ors_grpc.authoring.environment import Environment, overrides
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
 from ors_grpc.observability import metrics, tracing
 from ors_grpc.protocol.errors import (
-    CRASH_CAUSE_EXITED, CRASH_CAUSE_KEY, CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_TOOL_TIMEOUT, ORSError,
-    environment_crashed, environment_crashed_from_exitcode,
+    CRASH_CAUSE_EXITED, CRASH_CAUSE_KEY, CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_STALLED, CRASH_CAUSE_TOOL_TIMEOUT,
+    ORSError, environment_crashed, environment_crashed_from_exitcode,
 )
 
-__all__ = ["IsolatedHosts", "WorkerHosts", "WorkerStartupError", "worker_count"]
+__all__ = ["DEFAULT_STALL_LIMIT_S", "IsolatedHosts", "WorkerHosts", "WorkerStartupError", "worker_count"]
 
 logger = logging.getLogger("ors_grpc.workers")
 
@@ -82,6 +115,11 @@ HOP_DIRECTORY_PREFIX = "ors-workers-"
 STALE_HOP_DIRECTORY_S = 60.0
 #: Seconds between two readings of the workers' memory (with a memory limit).
 MEMORY_POLL_S = 1.0
+#: Seconds one callback may hold a worker's event loop, or the worker stay silent, before it is
+#: killed (`--worker-stall-limit`; 0: never). Far above what load makes: see the module's docstring.
+DEFAULT_STALL_LIMIT_S = 60.0
+#: Seconds between a worker's heartbeats (at most a quarter of the stall limit).
+HEARTBEAT_INTERVAL_S = 1.0
 #: Calls whose code the server kills the worker for when it outlives its cancellation.
 _KILLABLE_OPS = frozenset({"run_tool", "score_group"})
 
@@ -134,6 +172,10 @@ class _Worker:
         self._abandoned: dict[int, asyncio.TimerHandle] = {}
         self._reading: asyncio.Task[None] | None = None
         self.crash: ORSError | None = None
+        #: When the last heartbeat came (loop time; from `attach` until the first), and what it reported.
+        self.heard_at: float | None = None
+        self.lag_s = self.held_s = 0.0
+        self.heartbeats: asyncio.StreamWriter | None = None
 
     def kill(self, cause: str) -> None:
         """SIGKILL the worker; its episodes are told `cause` (a CRASH_CAUSE_*)."""
@@ -146,6 +188,7 @@ class _Worker:
 
     def attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.heard_at = asyncio.get_running_loop().time()
         self._reading = asyncio.get_running_loop().create_task(self._read_forever(), name=f"ors-worker-{self.worker_id}")
 
     async def call(self, op: str, *args: Any) -> Any:
@@ -213,6 +256,8 @@ class _Worker:
         self.alive = False
         for timer in self._abandoned.values():
             timer.cancel()
+        if self.heartbeats is not None:
+            self.heartbeats.close()
         status = self.process.poll()
         if status is None:
             if not self.stopping:
@@ -389,19 +434,24 @@ class WorkerHosts(HostFactory):
 
     def __init__(
         self, count: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
-        *, memory_limit_mib: float | None = None,
+        *, memory_limit_mib: float | None = None, stall_limit_s: float = DEFAULT_STALL_LIMIT_S,
     ) -> None:
         self._count = count
         self._memory_limit_bytes = memory_limit_mib * 1024 * 1024 if memory_limit_mib else None
         self._memory_watch: asyncio.Task[None] | None = None
+        self._stall_limit_s = stall_limit_s
+        self._stall_watch: asyncio.Task[None] | None = None
         self._names = {env_cls: name for name, env_cls in environments.items()}
         self._setup = Setup(
             sys_path=list(sys.path),
             environments={name: import_path(cls, "environment") for name, cls in environments.items()},
             toolsets=[import_path(cls, "toolset") for cls in toolsets.values()],
             log_level=logging.getLogger().getEffectiveLevel(),
+            heartbeat_interval_s=min(HEARTBEAT_INTERVAL_S, stall_limit_s / 4),
         )
         self._workers: list[_Worker] = []
+        #: Every worker started and not yet forgotten, by id (its heartbeats may come before it joins `_workers`).
+        self._by_id: weakref.WeakValueDictionary[int, _Worker] = weakref.WeakValueDictionary()
         self._catalogs: dict[type[Environment], WorkerCatalogHost] = {}
         self._episode_ids = itertools.count(1)
         self._worker_ids = itertools.count(1)
@@ -435,6 +485,9 @@ class WorkerHosts(HostFactory):
         if self._memory_limit_bytes is not None:
             self._memory_watch = asyncio.get_running_loop().create_task(self._watch_memory(), name="ors-worker-memory")
         self._untrack_metrics = metrics.track_workers(self._readings)
+        if self._stall_limit_s:
+            self._stall_watch = asyncio.get_running_loop().create_task(self._watch_stalls(),
+                                                                       name="ors-worker-stalls")
         logger.info("workers_started count=%d pids=%s", self._count,
                     ",".join(str(w.process.pid) for w in self._workers))
 
@@ -444,7 +497,7 @@ class WorkerHosts(HostFactory):
             [sys.executable, "-m", "ors_grpc._runtime.workers.worker", self._path, str(worker_id), str(os.getpid())],
             stdin=subprocess.DEVNULL, env=_worker_environment(),
         )
-        worker = self._pending[worker_id] = _Worker(worker_id, process, self._replace)
+        worker = self._pending[worker_id] = self._by_id[worker_id] = _Worker(worker_id, process, self._replace)
         return worker
 
     def _replace(self, dead: _Worker) -> None:
@@ -504,7 +557,9 @@ class WorkerHosts(HostFactory):
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            hello: Hello = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+            hello: Hello | Heartbeats = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+            if isinstance(hello, Heartbeats):
+                return await self._hear_heartbeats(hello, reader, writer)
             worker = self._pending.pop(hello.worker_id)
             if worker.process.pid != hello.pid:
                 raise ValueError("a worker id from another process")
@@ -547,6 +602,55 @@ class WorkerHosts(HostFactory):
                                  worker.worker_id, rss / 2**20, self._memory_limit_bytes / 2**20, worker.episodes)
                     worker.kill(CRASH_CAUSE_MEMORY_LIMIT)
 
+    async def _hear_heartbeats(self, hello: Heartbeats, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+        """A worker's heartbeat connection: note each heartbeat until it closes."""
+        worker = self._by_id.get(hello.worker_id)
+        if worker is None or worker.process.pid != hello.pid or worker.heartbeats is not None:
+            writer.close()
+            return
+        worker.heartbeats = writer
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                heartbeat: Heartbeat = await read_frame(reader)
+                worker.heard_at, worker.lag_s, worker.held_s = loop.time(), heartbeat.lag_s, heartbeat.held_s
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the worker ended (its hop says how)
+        finally:
+            writer.close()
+
+    async def _watch_stalls(self) -> None:
+        """Kill a worker whose loop one callback has held past the stall limit, or that has not
+        reported for as long."""
+        loop = asyncio.get_running_loop()
+        period = self._setup.heartbeat_interval_s
+        looked_at = loop.time()
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            if now - looked_at > 2 * period:  # this loop was held: heartbeats may wait unread, start afresh
+                for worker in self._workers:
+                    if worker.heard_at is not None:
+                        worker.heard_at = max(worker.heard_at, now - period)
+            looked_at = now
+            for worker in list(self._workers):
+                if worker.alive and worker.killed_because is None and worker.heard_at is not None:
+                    self._kill_if_stalled(worker, now)
+
+    def _kill_if_stalled(self, worker: _Worker, now: float) -> None:
+        silent_s = now - worker.heard_at
+        if worker.held_s > self._stall_limit_s:
+            reason = "event_loop_held"
+        elif silent_s > self._stall_limit_s:
+            reason = "no_heartbeat"
+        else:
+            return
+        logger.error("worker_killed worker=%d pid=%d reason=%s held_s=%.1f lag_s=%.1f silent_s=%.1f "
+                     "stall_limit_s=%g episodes=%d", worker.worker_id, worker.process.pid, reason, worker.held_s,
+                     worker.lag_s, silent_s, self._stall_limit_s, worker.episodes)
+        worker.kill(CRASH_CAUSE_STALLED)
+
     def least_loaded(self) -> _Worker:
         live = [worker for worker in self._workers if worker.alive]
         if not live:
@@ -575,7 +679,7 @@ class WorkerHosts(HostFactory):
         """Stop every worker (after the session table ended its episodes)."""
         self._closing = True
         self._untrack_metrics()
-        for task in [*self._restarts, *filter(None, [self._memory_watch])]:
+        for task in [*self._restarts, *filter(None, [self._memory_watch, self._stall_watch])]:
             task.cancel()
         if self._server is not None:
             self._server.close()
@@ -631,9 +735,10 @@ class IsolatedHosts(WorkerHosts):
 
     def __init__(
         self, pool: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
-        *, memory_limit_mib: float | None = None,
+        *, memory_limit_mib: float | None = None, stall_limit_s: float = DEFAULT_STALL_LIMIT_S,
     ) -> None:
-        super().__init__(pool, environments, toolsets, memory_limit_mib=memory_limit_mib)
+        super().__init__(pool, environments, toolsets, memory_limit_mib=memory_limit_mib,
+                         stall_limit_s=stall_limit_s)
         self._setup = dataclasses.replace(self._setup, exit_after_episode=True)
         #: Started processes no episode has claimed yet, oldest first.
         self._idle: collections.deque[_Worker] = collections.deque()

@@ -15,6 +15,13 @@ environment it inherits from the server asks for it (`tracing.enabled`), and
 runs each call that brings the server's trace context in that context, so
 the environment's spans nest under the server's. Metrics are the server's
 alone: it reads the workers from outside.
+Its event loop is watched from a thread (`loop_monitor`: a WARNING naming
+the code that holds it), and, when the server watches a stall limit,
+another thread reports how the loop does (its lag, and how long one
+callback has held it) every heartbeat period over a connection of its own
+(`hop.Heartbeats`), with blocking writes that need nothing from the loop:
+the server kills a worker whose loop one callback holds, or that falls
+silent, past the limit (`supervisor`).
 """
 
 from __future__ import annotations
@@ -25,14 +32,20 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
+import time
 import traceback
 from typing import Any
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
-from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, portable_error, read_frame, write_frame
+from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
+from ors_grpc._runtime.workers.hop import (
+    Heartbeat, Heartbeats, Hello, Ready, Setup, portable_error, read_frame, send_frame, write_frame,
+)
 from ors_grpc.authoring.types import RunToolOutput
 from ors_grpc.observability import tracing
 
@@ -169,6 +182,7 @@ async def serve(socket_path: str, worker_id: int) -> None:
         await writer.drain()
         return
     write_frame(writer, Ready())
+    _watch_the_loop(socket_path, worker_id, setup.heartbeat_interval_s)
     episodes = _Episodes(environments, toolsets)
     episodes.exit_after_episode = setup.exit_after_episode
     running: dict[int, asyncio.Task[None]] = {}
@@ -190,6 +204,29 @@ async def serve(socket_path: str, worker_id: int) -> None:
         else:
             anonymous.add(task)
             task.add_done_callback(anonymous.discard)
+
+
+def _watch_the_loop(socket_path: str, worker_id: int, heartbeat_interval_s: float) -> None:
+    """Measure this worker's loop lag off the loop; report it to the server every
+    `heartbeat_interval_s` (0: the server watches no stall limit)."""
+    monitor = LoopMonitor(asyncio.get_running_loop(), on_stall=warn_stall)
+    monitor.start()
+    if heartbeat_interval_s:
+        threading.Thread(target=_send_heartbeats, args=(socket_path, worker_id, monitor, heartbeat_interval_s),
+                         name="ors-heartbeat", daemon=True).start()
+
+
+def _send_heartbeats(socket_path: str, worker_id: int, monitor: LoopMonitor, interval_s: float) -> None:
+    """The heartbeat thread: a blocking socket of its own, so a stuck loop cannot hold the heartbeats back."""
+    try:
+        with socket.socket(socket.AF_UNIX) as connection:
+            connection.connect(socket_path)
+            send_frame(connection, Heartbeats(worker_id, os.getpid()))
+            while True:
+                send_frame(connection, Heartbeat(monitor.lag_s(), monitor.held_s()))
+                time.sleep(interval_s)
+    except OSError:
+        return  # the server is gone: the hop's end stops this worker
 
 
 def main() -> None:
