@@ -4,7 +4,6 @@ loop, slow ones stay in (or go back to) worker threads."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import time
 
@@ -14,6 +13,7 @@ from pydantic import BaseModel
 from ors_grpc import Environment, TextBlock, ToolOutput, tool
 from ors_grpc._runtime import user_code
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from tests.support.worker_environments import where_sync_code_runs
 from tests.support.grpc_calls import call_tool, create_episode, serving
 
 #: Generous, so that a loaded machine never makes a quick call look slow.
@@ -26,12 +26,6 @@ def generous_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(user_code, "INLINE_BUDGET_S", BUDGET_S)
 
 
-def _where() -> str:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return "thread"
-    return "loop"
 
 
 class Work(BaseModel):
@@ -49,10 +43,10 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
 
         def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
             super().__init__(task_spec, secrets)
-            self.seen["constructor"] = _where()
+            self.seen["constructor"] = where_sync_code_runs()
 
         def setup(self) -> None:
-            self.seen["setup"] = _where()
+            self.seen["setup"] = where_sync_code_runs()
 
         @classmethod
         def list_splits(cls) -> list[str]:
@@ -60,11 +54,11 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
 
         @classmethod
         def list_tasks(cls, split: str) -> list[dict]:
-            cls.seen["list_tasks"] = _where()
+            cls.seen["list_tasks"] = where_sync_code_runs()
             return [{}]
 
         def get_prompt(self) -> list[TextBlock]:
-            self.seen["get_prompt"] = _where()
+            self.seen["get_prompt"] = where_sync_code_runs()
             return [TextBlock(text="work")]
 
         @tool
@@ -73,11 +67,11 @@ def fresh_env(on_loop: bool | None = None) -> type[Environment]:
             time.sleep(params.sleep_s)
             if params.collect_garbage:
                 gc.collect()
-            self.seen["tool"] = _where()
-            return ToolOutput(blocks=[TextBlock(text=_where())])
+            self.seen["tool"] = where_sync_code_runs()
+            return ToolOutput(blocks=[TextBlock(text=where_sync_code_runs())])
 
         def teardown(self) -> None:
-            self.seen["teardown"] = _where()
+            self.seen["teardown"] = where_sync_code_runs()
 
     return Placed
 

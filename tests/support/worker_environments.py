@@ -87,7 +87,7 @@ class WorkerProbeEnv(ProbeEnv):
         os._exit(1)
 
 
-def _where() -> str:
+def where_sync_code_runs() -> str:
     """Where sync code runs now: on the event loop, or in a thread."""
     try:
         asyncio.get_running_loop()
@@ -104,19 +104,19 @@ class LoopPinnedEnv(ProbeEnv):
 
     def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec, secrets)
-        self.ran_in = {"constructor": _where()}
+        self.ran_in = {"constructor": where_sync_code_runs()}
 
     def setup(self) -> None:
-        self.ran_in["setup"] = _where()
+        self.ran_in["setup"] = where_sync_code_runs()
 
     def get_prompt(self):
-        self.ran_in["get_prompt"] = _where()
+        self.ran_in["get_prompt"] = where_sync_code_runs()
         return super().get_prompt()
 
     @tool
     def where(self) -> ToolOutput:
         """Where the constructor, setup, prompt and this tool ran: `loop` or `thread`."""
-        self.ran_in["tool"] = _where()
+        self.ran_in["tool"] = where_sync_code_runs()
         return ToolOutput(blocks=[], metadata=self.ran_in)
 
 
