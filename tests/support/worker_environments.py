@@ -39,11 +39,28 @@ class WorkerProbeEnv(ProbeEnv):
         return ToolOutput(blocks=[])
 
     @tool
+    def segfault(self) -> ToolOutput:
+        """Reads address 0: the process dies of SIGSEGV, as with a native library's bug."""
+        import ctypes
+
+        ctypes.string_at(0)
+        return ToolOutput(blocks=[])
+
+    @tool
+    def spin(self) -> ToolOutput:
+        """A sync call that computes forever (it runs in a worker thread once it is found slow)."""
+        while True:
+            pass
+
+    @tool
     def hoard_memory(self) -> ToolOutput:
-        """Takes 300 MiB and keeps it (a leak), then answers."""
+        """Takes 300 MiB and keeps it (a leak), then waits for ever: only the memory limit ends the call."""
+        import threading
+
         self.hoard = bytearray(300 * 1024 * 1024)
         for offset in range(0, len(self.hoard), 4096):
             self.hoard[offset] = 1  # touch every page: resident, not just reserved
+        threading.Event().wait()
         return ToolOutput(blocks=[])
 
     @tool

@@ -408,6 +408,8 @@ class WorkerHosts(HostFactory):
         self._closing = False
         #: Workers that died young in a row (a crash loop when it grows); the restart backoff doubles with it.
         self._young_deaths = 0
+        #: Whether the current run of failed starts was logged (with its traceback): once per crash loop.
+        self._start_failure_logged = False
         self._restarts: set[asyncio.Task[None]] = set()
         self._on_availability: Callable[[bool], None] | None = None
         self._available = True
@@ -484,10 +486,10 @@ class WorkerHosts(HostFactory):
                 self._pending.pop(worker.worker_id, None)
                 if worker.process.poll() is None:
                     worker.process.kill()
-                if self._young_deaths == 0:
-                    logger.error("worker_restart_failed %s", exc)
+                self._log_start_failure("worker_restart_failed", exc)
                 self._young_deaths += 1
                 continue
+            self._start_failure_logged = False
             if self._closing:
                 await worker.stop()
                 return
@@ -495,6 +497,13 @@ class WorkerHosts(HostFactory):
             logger.info("worker_started worker=%d pid=%d", worker.worker_id, worker.process.pid)
             self._notify_availability()
             return
+
+    def _log_start_failure(self, event: str, exc: WorkerStartupError) -> None:
+        """Log why a worker could not start (the worker's traceback) once per run of failed starts:
+        the first worker that dies young already counts toward the crash loop, so this is the report."""
+        if not self._start_failure_logged:
+            self._start_failure_logged = True
+            logger.error("%s %s", event, exc)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -670,7 +679,7 @@ class IsolatedHosts(WorkerHosts):
                 worker.process.kill()
             if not worker.connected.done():
                 worker.connected.set_exception(exc)
-            logger.error("episode_process_start_failed %s", exc)
+            self._log_start_failure("episode_process_start_failed", exc)
             if into_pool:
                 self._starting -= 1
                 self._young_deaths += 1
@@ -678,6 +687,7 @@ class IsolatedHosts(WorkerHosts):
                 self._top_up()
             return
         self._young_deaths = 0
+        self._start_failure_logged = False
         if into_pool:
             self._starting -= 1
             if self._closing:
