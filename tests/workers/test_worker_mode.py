@@ -12,9 +12,13 @@ import textwrap
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc.protocol.constants import STATUS_DETAILS_METADATA_KEY
 from tests.support.bridge_http import read_sse
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
 from tests.support.reliability_helpers import grpc_call, grpc_episode, grpc_stats, grpc_stub, http_episode
@@ -99,3 +103,20 @@ def test_an_environment_defined_in_main_cannot_be_served_by_workers_and_says_so(
     assert done.returncode == 2, done.stderr
     assert "environment 'MainEnv' is defined in __main__" in done.stderr
     assert "serve MODULE:CLASS" in done.stderr
+
+
+def test_an_ors_error_raised_by_environment_code_crosses_the_hop_as_it_is() -> None:
+    with start_serve("tests.support.crash_report_env:CrashReportEnv", "--workers", "1") as serve:
+        with grpc.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            request = pb.CreateEpisodeRequest(session_id="reporter", env_name="crashreportenv")
+            request.task_spec.json = "{}"
+            stub.CreateEpisode(request, timeout=30)
+            with pytest.raises(grpc.RpcError) as caught:  # its get_prompt raises ENVIRONMENT_CRASHED
+                stub.GetPrompt(pb.GetPromptRequest(session_id="reporter"), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.ABORTED, caught.value.details()
+    info = error_details_pb2.ErrorInfo()
+    trailers = dict(caught.value.trailing_metadata())
+    assert status_pb2.Status.FromString(trailers[STATUS_DETAILS_METADATA_KEY]).details[0].Unpack(info)
+    assert (info.reason, dict(info.metadata)) == (
+        "ERROR_REASON_ENVIRONMENT_CRASHED", {"cause": "signal", "signal": "SIGSEGV"})
