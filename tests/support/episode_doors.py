@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, AsyncIterator, NamedTuple, Protocol
+from typing import Any, AsyncIterator, NamedTuple, Optional, Protocol
 
 import aiohttp
 import grpc
@@ -24,6 +24,7 @@ from tests.support.reliability_helpers import grpc_call, grpc_episode, grpc_stub
 from tests.support.servers import ServeProcess
 
 DOOR_NAMES = ("grpc", "http")
+_STARTING = errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING
 
 
 class Answer(NamedTuple):
@@ -51,8 +52,8 @@ class EpisodeDoor(Protocol):
     async def expect_refused(self, sid: str, expected: ORSError) -> None:
         """Assert the episode's prompt is refused with `expected`, as this door translates it."""
 
-    async def expect_creation_refused(self, tag: str, expected_reason: int) -> None:
-        """Assert creating an episode is refused, retryably, with `expected_reason`."""
+    async def try_create(self, tag: str) -> Optional[str]:
+        """`create`, or None when it is refused to be retried later (ENVIRONMENT_STARTING: no process is up)."""
 
     async def delete(self, sid: str) -> None:
         """End the episode."""
@@ -85,7 +86,7 @@ class GrpcDoor:
     async def expect_refused(self, sid: str, expected: ORSError) -> None:
         error = await self._rpc_error(self._stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
         assert error.code() == expected.code, error
-        assert error.details() == expected.message
+        assert error.details() == expected.message, error.details()
         trailers = dict(error.trailing_metadata() or ())
         reason = errors_pb2.ErrorReason.Name(expected.reason)
         assert trailers[ERROR_REASON_METADATA_KEY] == reason
@@ -93,11 +94,14 @@ class GrpcDoor:
         assert status_pb2.Status.FromString(trailers[STATUS_DETAILS_METADATA_KEY]).details[0].Unpack(info)
         assert (info.reason, dict(info.metadata)) == (reason, expected.metadata)
 
-    async def expect_creation_refused(self, tag: str, expected_reason: int) -> None:
-        error = await self._rpc_error(grpc_episode(self._stub, tag, env_name=self._env_name))
-        assert error.code() == REASONS[expected_reason].code, error
-        assert dict(error.trailing_metadata() or ())[ERROR_REASON_METADATA_KEY] == errors_pb2.ErrorReason.Name(
-            expected_reason)
+    async def try_create(self, tag: str) -> Optional[str]:
+        try:
+            return await self.create(tag)
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == REASONS[_STARTING].code, error
+            assert dict(error.trailing_metadata() or ())[ERROR_REASON_METADATA_KEY] == errors_pb2.ErrorReason.Name(
+                _STARTING)
+            return None
 
     async def delete(self, sid: str) -> None:
         await self._stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
@@ -138,16 +142,20 @@ class HttpDoor:
     async def expect_refused(self, sid: str, expected: ORSError) -> None:
         async with self._http.get(f"/{self._env_name}/prompt", headers={"X-Session-ID": sid}) as response:
             assert response.status == REASONS[expected.reason].http_status, await response.text()
-            assert (await response.json()) == {"detail": expected.message}
+            body = await response.json()
+            assert body == {"detail": expected.message}, body
             assert "Retry-After" not in response.headers  # the call may have run: nothing retries it
 
-    async def expect_creation_refused(self, tag: str, expected_reason: int) -> None:
+    async def try_create(self, tag: str) -> Optional[str]:
         async with self._http.post("/create_session") as response:
             sid = (await response.json())["sid"]
-        body = {"env_name": self._env_name, "task_spec": {"tag": tag}}
+        body = {"env_name": self._env_name, "task_spec": {"tag": tag, "answer": "yes"}}
         async with self._http.post("/create", json=body, headers={"X-Session-ID": sid}) as response:
-            assert response.status == REASONS[expected_reason].http_status, await response.text()
-            assert "Retry-After" in response.headers  # retry later
+            if response.status == 200:
+                return sid
+            assert response.status == REASONS[_STARTING].http_status, await response.text()
+            assert response.headers["X-Backend-State"] == "starting" and "Retry-After" in response.headers
+            return None
 
     async def delete(self, sid: str) -> None:
         async with self._http.post("/delete", headers={"X-Session-ID": sid}) as response:

@@ -132,7 +132,9 @@ class _Worker:
         #: Calls the server stopped waiting for, still running here: their kill timers.
         self._abandoned: dict[int, asyncio.TimerHandle] = {}
         self._reading: asyncio.Task[None] | None = None
+        #: Why the episodes here are lost, once `_lost` has read how the process ended (`ended` is set).
         self.crash: ORSError | None = None
+        self.ended = asyncio.Event()
 
     def kill(self, cause: str) -> None:
         """SIGKILL the worker; its episodes are told `cause` (a CRASH_CAUSE_*)."""
@@ -151,11 +153,11 @@ class _Worker:
         if not self.connected.done():  # a process started for this episode (`--isolation episode`)
             try:
                 await asyncio.shield(self.connected)
-            except WorkerStartupError as exc:
-                logger.error("episode_process_start_failed %s", exc)
-                raise environment_crashed(CRASH_CAUSE_EXITED, exit_status=self.process.poll()) from None
+            except WorkerStartupError:  # logged by the start's watcher; nothing of the episode ran
+                raise _none_up("the episode's process could not start") from None
         if not self.alive:
-            raise self.crash or _crashed(self.process.poll())
+            await self.ended.wait()  # a call in the moment between the hop closing and the exit status read
+            raise self.crash
         call_id = next(self._call_ids)
         answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
@@ -216,6 +218,7 @@ class _Worker:
                 self.process.kill()  # a worker that closed its end is of no more use
             status = await asyncio.to_thread(self.process.wait)
         self.crash = _crashed(status, self.killed_because)
+        self.ended.set()
         for host in list(self.hosts.values()):
             host.crash(self.crash)
         for answer in self._calls.values():
@@ -239,6 +242,11 @@ class _Worker:
             await asyncio.to_thread(self.process.wait)
         if self._reading is not None:
             await asyncio.wait({self._reading})
+
+
+def _none_up(what: str) -> ORSError:
+    """ENVIRONMENT_STARTING (retry later): no process can take a new episode now."""
+    return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING, f"{what}: they are being restarted")
 
 
 def _crashed(status: int | None, cause: str | None = None) -> ORSError:
@@ -459,8 +467,12 @@ class WorkerHosts(HostFactory):
     def watch_availability(self, on_change: Callable[[bool], None]) -> None:
         self._on_availability = on_change
 
+    def _serving(self) -> bool:
+        """Whether new episodes can be served now (health SERVING)."""
+        return any(worker.alive for worker in self._workers)
+
     def _notify_availability(self) -> None:
-        available = any(worker.alive for worker in self._workers)
+        available = self._serving()
         if available != self._available:
             self._available = available
             logger.log(logging.INFO if available else logging.ERROR, "workers_available=%s", available)
@@ -553,8 +565,7 @@ class WorkerHosts(HostFactory):
     def least_loaded(self) -> _Worker:
         live = [worker for worker in self._workers if worker.alive]
         if not live:
-            raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING,
-                           "no worker process is up: they are being restarted")
+            raise _none_up("no worker process is up")
         return min(live, key=lambda worker: worker.episodes)
 
     def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
@@ -645,6 +656,9 @@ class IsolatedHosts(WorkerHosts):
             self._idle.popleft()
         if self._idle:
             worker = self._idle.popleft()
+            self._notify_availability()
+        elif self._young_deaths:  # processes keep failing to start (a crash loop): not one more per creation
+            raise _none_up("no episode process could start")
         else:  # the pool ran dry: a process of its own all the same, its calls wait for it to start
             worker = self._spawn()
             self._watch_start(worker, into_pool=False)
@@ -679,11 +693,14 @@ class IsolatedHosts(WorkerHosts):
                 worker.process.kill()
             if not worker.connected.done():
                 worker.connected.set_exception(exc)
+            if worker in self._workers:  # a process started for one episode
+                self._workers.remove(worker)
             self._log_start_failure("episode_process_start_failed", exc)
+            self._young_deaths += 1
+            self._notify_availability()
             if into_pool:
+                await asyncio.sleep(self._backoff_s())  # still counted as starting: no start meanwhile
                 self._starting -= 1
-                self._young_deaths += 1
-                await asyncio.sleep(self._backoff_s())
                 self._top_up()
             return
         self._young_deaths = 0
@@ -695,6 +712,11 @@ class IsolatedHosts(WorkerHosts):
                 return
             self._workers.append(worker)
             self._idle.append(worker)
+        self._notify_availability()
+
+    def _serving(self) -> bool:
+        """An idle process to take, or starts that succeed (not a crash loop)."""
+        return any(worker.alive for worker in self._idle) or not self._young_deaths
 
     def _replace(self, dead: _Worker) -> None:
         """A process ended (with its episode, or crashed): it is not restarted; the pool is topped up."""
