@@ -10,7 +10,7 @@ from pathlib import Path
 from ors_grpc import ToolOutput, tool
 from tests.support.reliability_environments import ProbeEnv
 
-#: A file whose existence keeps worker processes from importing this module (a crash loop), once set.
+#: A file whose existence keeps worker processes from importing this module (a crash loop).
 POISON_VARIABLE = "ORS_TEST_WORKER_POISON"
 
 if sys.argv[0].endswith("worker.py") and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
@@ -62,9 +62,3 @@ class WorkerProbeEnv(ProbeEnv):
             self.hoard[offset] = 1  # touch every page: resident, not just reserved
         threading.Event().wait()
         return ToolOutput(blocks=[])
-
-    @tool
-    def poison_and_exit(self) -> ToolOutput:
-        """Keeps every new worker from starting (the poison file), then ends this one."""
-        Path(os.environ[POISON_VARIABLE]).write_text("poison")
-        os._exit(1)
