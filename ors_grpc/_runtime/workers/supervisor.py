@@ -366,8 +366,9 @@ class WorkerCatalogHost(CatalogHost):
         self._hosts = hosts
         self._env_name = env_name
 
-    def _call(self, method: str, *args: Any) -> Any:
-        return self._hosts.least_loaded().call("catalog", self._env_name, method, args)
+    async def _call(self, method: str, *args: Any) -> Any:
+        worker = await self._hosts.catalog_worker()
+        return await worker.call("catalog", self._env_name, method, args)
 
     def list_splits(self) -> Any:
         return self._call("list_splits")
@@ -571,6 +572,10 @@ class WorkerHosts(HostFactory):
     def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
         return WorkerEpisodeHost(env_cls, self._names[env_cls], self.least_loaded(), next(self._episode_ids))
 
+    async def catalog_worker(self) -> _Worker:
+        """The process for a class-level call (splits, tasks)."""
+        return self.least_loaded()
+
     def catalog(self, env_cls: type[Environment]) -> WorkerCatalogHost:
         host = self._catalogs.get(env_cls)
         if host is None:
@@ -646,6 +651,8 @@ class IsolatedHosts(WorkerHosts):
         #: Started processes no episode has claimed yet, oldest first.
         self._idle: collections.deque[_Worker] = collections.deque()
         self._starting = 0
+        #: Set when a start ends, well or not (what `catalog_worker` waits for).
+        self._pool_changed = asyncio.Event()
 
     async def start(self) -> None:
         await super().start()
@@ -666,12 +673,23 @@ class IsolatedHosts(WorkerHosts):
         self._top_up()
         return WorkerEpisodeHost(env_cls, self._names[env_cls], worker, next(self._episode_ids))
 
-    def least_loaded(self) -> _Worker:
-        """For class-level calls: an idle process (it stays idle after them)."""
-        for worker in self._idle:
-            if worker.alive:
-                return worker
-        return super().least_loaded()
+    async def catalog_worker(self) -> _Worker:
+        """An idle process (it stays idle after class-level calls), waiting for one while the pool
+        refills: never an episode's, which may end with its episode while the call runs."""
+        deadline = asyncio.get_running_loop().time() + WORKER_START_TIMEOUT_S
+        while True:
+            for worker in self._idle:
+                if worker.alive:
+                    return worker
+            remaining = deadline - asyncio.get_running_loop().time()
+            if self._young_deaths or remaining <= 0:
+                raise _none_up("no process is up for the environment's own calls")
+            self._top_up()
+            self._pool_changed.clear()
+            try:
+                await asyncio.wait_for(self._pool_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
 
     def _top_up(self) -> None:
         while not self._closing and len(self._idle) + self._starting < self._count:
@@ -698,6 +716,7 @@ class IsolatedHosts(WorkerHosts):
             self._log_start_failure("episode_process_start_failed", exc)
             self._young_deaths += 1
             self._notify_availability()
+            self._pool_changed.set()
             if into_pool:
                 await asyncio.sleep(self._backoff_s())  # still counted as starting: no start meanwhile
                 self._starting -= 1
@@ -713,6 +732,7 @@ class IsolatedHosts(WorkerHosts):
             self._workers.append(worker)
             self._idle.append(worker)
         self._notify_availability()
+        self._pool_changed.set()
 
     def _serving(self) -> bool:
         """An idle process to take, or starts that succeed (not a crash loop)."""
