@@ -160,6 +160,11 @@ class ORSError(Exception):
         #: Machine-readable facts for `ErrorInfo.metadata` (never secrets).
         self.metadata = dict(metadata or {})
 
+    def __reduce__(self) -> tuple[type, tuple[Reason, str, dict[str, str]]]:
+        # Pickled whole (an Exception pickles its args alone), so that one raised by
+        # environment code in a worker process reaches the service as it does in-process.
+        return type(self), (self.reason, self.message, self.metadata)
+
     @property
     def code(self) -> grpc.StatusCode:
         return REASONS[self.reason].code

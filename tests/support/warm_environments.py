@@ -1,15 +1,16 @@
 """Environments for the warm-episode tests: their setups and teardowns are observable.
 
-Every setup and teardown is numbered in the server process and recorded in
-`EVENTS` (for a server in the test's process) and, when the environment
-variable ORS_TEST_MARKER_DIR names a folder, as a line of its `events` file
-(for a `serve` subprocess). The prompt names the setup that built the
+Every setup and teardown is numbered and recorded in `EVENTS` (for a server
+in the test's process) and, when the environment variable ORS_TEST_MARKER_DIR
+names a folder, as a line of its `events` file (for a `serve` subprocess,
+whose worker processes all number their setups in that one file). The prompt names the setup that built the
 episode, so a client can tell a claimed prepared episode from a fresh one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from pathlib import Path
 
@@ -28,6 +29,24 @@ def _record(kind: str, tag: str, number: int) -> None:
     if folder:
         with open(Path(folder, "events"), "a", encoding="utf-8") as events:
             events.write(f"{kind} {tag} {number}\n")
+
+
+def _record_setup(tag: str) -> int:
+    """Record a setup; its number, counted over the whole server: in the events file when there
+    is one (every process of a `serve`, worker processes included, appends to it, one at a time
+    under a lock), else in this process."""
+    folder = os.environ.get(MARKER_DIR_VARIABLE)
+    if not folder:
+        number = sum(1 for kind, _, _ in EVENTS if kind == "setup") + 1
+        EVENTS.append(("setup", tag, number))
+        return number
+    with open(Path(folder, "events"), "a+", encoding="utf-8") as events:
+        fcntl.flock(events, fcntl.LOCK_EX)  # released when the file closes
+        events.seek(0)
+        number = sum(1 for line in events if line.startswith("setup ")) + 1
+        events.write(f"setup {tag} {number}\n")
+    EVENTS.append(("setup", tag, number))
+    return number
 
 
 def read_events(folder: Path) -> list[tuple[str, str, int]]:
@@ -61,8 +80,7 @@ class WarmEnv(Environment):
 
     async def setup(self) -> None:
         await asyncio.sleep(float(self.task_spec.get("setup_s", 0.2)))
-        self.setup_number = sum(1 for kind, _, _ in EVENTS if kind == "setup") + 1
-        _record("setup", self.tag, self.setup_number)
+        self.setup_number = _record_setup(self.tag)
 
     def teardown(self) -> None:
         _record("teardown", self.tag, self.setup_number)

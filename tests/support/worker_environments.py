@@ -21,7 +21,7 @@ tracer = trace.get_tracer(__name__)
 #: The attribute of the environment's spans that names the process that made them.
 PID_ATTRIBUTE = "probe.pid"
 
-#: A file whose existence keeps worker processes from importing this module (a crash loop), once set.
+#: A file whose existence keeps worker processes from importing this module (a crash loop).
 POISON_VARIABLE = "ORS_TEST_WORKER_POISON"
 
 if sys.argv[0].endswith("worker.py") and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
@@ -73,18 +73,29 @@ class WorkerProbeEnv(ProbeEnv):
         return ToolOutput(blocks=[])
 
     @tool
-    def hoard_memory(self) -> ToolOutput:
-        """Takes 300 MiB and keeps it (a leak), then answers."""
-        self.hoard = bytearray(300 * 1024 * 1024)
-        for offset in range(0, len(self.hoard), 4096):
-            self.hoard[offset] = 1  # touch every page: resident, not just reserved
+    def segfault(self) -> ToolOutput:
+        """Reads address 0: the process dies of SIGSEGV, as with a native library's bug."""
+        import ctypes
+
+        ctypes.string_at(0)
         return ToolOutput(blocks=[])
 
     @tool
-    def poison_and_exit(self) -> ToolOutput:
-        """Keeps every new worker from starting (the poison file), then ends this one."""
-        Path(os.environ[POISON_VARIABLE]).write_text("poison")
-        os._exit(1)
+    def spin(self) -> ToolOutput:
+        """A sync call that computes forever (it runs in a worker thread once it is found slow)."""
+        while True:
+            pass
+
+    @tool
+    def hoard_memory(self) -> ToolOutput:
+        """Takes 300 MiB and keeps it (a leak), then waits for ever: only the memory limit ends the call."""
+        import threading
+
+        self.hoard = bytearray(300 * 1024 * 1024)
+        for offset in range(0, len(self.hoard), 4096):
+            self.hoard[offset] = 1  # touch every page: resident, not just reserved
+        threading.Event().wait()
+        return ToolOutput(blocks=[])
 
 
 def where_sync_code_runs() -> str:

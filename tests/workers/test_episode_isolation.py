@@ -68,5 +68,15 @@ async def test_a_crash_costs_exactly_its_own_episode() -> None:
             assert await open_sessions(stub) == 0
 
 
+async def test_class_level_calls_wait_for_the_pool_rather_than_borrow_an_ending_episodes_process() -> None:
+    with start_serve(WORKER_PROBE, "--isolation", "episode", "--workers", "1") as serve:
+        async with grpc_stub(serve.grpc_target) as stub:
+            for round_ in range(3):  # each takes the one started process, and ends it with its episode
+                sid = await grpc_episode(stub, f"episode-{round_}", env_name="workerprobeenv")
+                await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
+                tasks = await stub.ListTasks(pb.ListTasksRequest(env_name="workerprobeenv", split="train"))
+                assert len(tasks.tasks) == 3
+
+
 async def _async(value: bool) -> bool:
     return value

@@ -171,7 +171,9 @@ class _Worker:
         #: Calls the server stopped waiting for, still running here: their kill timers.
         self._abandoned: dict[int, asyncio.TimerHandle] = {}
         self._reading: asyncio.Task[None] | None = None
+        #: Why the episodes here are lost, once `_lost` has read how the process ended (`ended` is set).
         self.crash: ORSError | None = None
+        self.ended = asyncio.Event()
         #: When the last heartbeat came (loop time; from `attach` until the first), and what it reported.
         self.heard_at: float | None = None
         self.lag_s = self.held_s = 0.0
@@ -195,11 +197,11 @@ class _Worker:
         if not self.connected.done():  # a process started for this episode (`--isolation episode`)
             try:
                 await asyncio.shield(self.connected)
-            except WorkerStartupError as exc:
-                logger.error("episode_process_start_failed %s", exc)
-                raise environment_crashed(CRASH_CAUSE_EXITED, exit_status=self.process.poll()) from None
+            except WorkerStartupError:  # logged by the start's watcher; nothing of the episode ran
+                raise _none_up("the episode's process could not start") from None
         if not self.alive:
-            raise self.crash or _crashed(self.process.poll())
+            await self.ended.wait()  # a call in the moment between the hop closing and the exit status read
+            raise self.crash
         call_id = next(self._call_ids)
         answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
@@ -264,6 +266,7 @@ class _Worker:
                 self.process.kill()  # a worker that closed its end is of no more use
             status = await asyncio.to_thread(self.process.wait)
         self.crash = _crashed(status, self.killed_because)
+        self.ended.set()
         for host in list(self.hosts.values()):
             host.crash(self.crash)
         for answer in self._calls.values():
@@ -288,6 +291,11 @@ class _Worker:
             await asyncio.to_thread(self.process.wait)
         if self._reading is not None:
             await asyncio.wait({self._reading})
+
+
+def _none_up(what: str) -> ORSError:
+    """ENVIRONMENT_STARTING (retry later): no process can take a new episode now."""
+    return ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING, f"{what}: they are being restarted")
 
 
 def _crashed(status: int | None, cause: str | None = None) -> ORSError:
@@ -407,8 +415,9 @@ class WorkerCatalogHost(CatalogHost):
         self._hosts = hosts
         self._env_name = env_name
 
-    def _call(self, method: str, *args: Any) -> Any:
-        return self._hosts.least_loaded().call("catalog", self._env_name, method, args)
+    async def _call(self, method: str, *args: Any) -> Any:
+        worker = await self._hosts.catalog_worker()
+        return await worker.call("catalog", self._env_name, method, args)
 
     def list_splits(self) -> Any:
         return self._call("list_splits")
@@ -462,6 +471,8 @@ class WorkerHosts(HostFactory):
         self._closing = False
         #: Workers that died young in a row (a crash loop when it grows); the restart backoff doubles with it.
         self._young_deaths = 0
+        #: Whether the current run of failed starts was logged (with its traceback): once per crash loop.
+        self._start_failure_logged = False
         self._restarts: set[asyncio.Task[None]] = set()
         self._on_availability: Callable[[bool], None] | None = None
         self._available = True
@@ -516,8 +527,12 @@ class WorkerHosts(HostFactory):
     def watch_availability(self, on_change: Callable[[bool], None]) -> None:
         self._on_availability = on_change
 
+    def _serving(self) -> bool:
+        """Whether new episodes can be served now (health SERVING)."""
+        return any(worker.alive for worker in self._workers)
+
     def _notify_availability(self) -> None:
-        available = any(worker.alive for worker in self._workers)
+        available = self._serving()
         if available != self._available:
             self._available = available
             logger.log(logging.INFO if available else logging.ERROR, "workers_available=%s", available)
@@ -543,10 +558,10 @@ class WorkerHosts(HostFactory):
                 self._pending.pop(worker.worker_id, None)
                 if worker.process.poll() is None:
                     worker.process.kill()
-                if self._young_deaths == 0:
-                    logger.error("worker_restart_failed %s", exc)
+                self._log_start_failure("worker_restart_failed", exc)
                 self._young_deaths += 1
                 continue
+            self._start_failure_logged = False
             if self._closing:
                 await worker.stop()
                 return
@@ -554,6 +569,13 @@ class WorkerHosts(HostFactory):
             logger.info("worker_started worker=%d pid=%d", worker.worker_id, worker.process.pid)
             self._notify_availability()
             return
+
+    def _log_start_failure(self, event: str, exc: WorkerStartupError) -> None:
+        """Log why a worker could not start (the worker's traceback) once per run of failed starts:
+        the first worker that dies young already counts toward the crash loop, so this is the report."""
+        if not self._start_failure_logged:
+            self._start_failure_logged = True
+            logger.error("%s %s", event, exc)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -654,12 +676,15 @@ class WorkerHosts(HostFactory):
     def least_loaded(self) -> _Worker:
         live = [worker for worker in self._workers if worker.alive]
         if not live:
-            raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING,
-                           "no worker process is up: they are being restarted")
+            raise _none_up("no worker process is up")
         return min(live, key=lambda worker: worker.episodes)
 
     def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
         return WorkerEpisodeHost(env_cls, self._names[env_cls], self.least_loaded(), next(self._episode_ids))
+
+    async def catalog_worker(self) -> _Worker:
+        """The process for a class-level call (splits, tasks)."""
+        return self.least_loaded()
 
     def catalog(self, env_cls: type[Environment]) -> WorkerCatalogHost:
         host = self._catalogs.get(env_cls)
@@ -743,6 +768,8 @@ class IsolatedHosts(WorkerHosts):
         #: Started processes no episode has claimed yet, oldest first.
         self._idle: collections.deque[_Worker] = collections.deque()
         self._starting = 0
+        #: Set when a start ends, well or not (what `catalog_worker` waits for).
+        self._pool_changed = asyncio.Event()
 
     async def start(self) -> None:
         await super().start()
@@ -753,6 +780,9 @@ class IsolatedHosts(WorkerHosts):
             self._idle.popleft()
         if self._idle:
             worker = self._idle.popleft()
+            self._notify_availability()
+        elif self._young_deaths:  # processes keep failing to start (a crash loop): not one more per creation
+            raise _none_up("no episode process could start")
         else:  # the pool ran dry: a process of its own all the same, its calls wait for it to start
             worker = self._spawn()
             self._watch_start(worker, into_pool=False)
@@ -760,12 +790,23 @@ class IsolatedHosts(WorkerHosts):
         self._top_up()
         return WorkerEpisodeHost(env_cls, self._names[env_cls], worker, next(self._episode_ids))
 
-    def least_loaded(self) -> _Worker:
-        """For class-level calls: an idle process (it stays idle after them)."""
-        for worker in self._idle:
-            if worker.alive:
-                return worker
-        return super().least_loaded()
+    async def catalog_worker(self) -> _Worker:
+        """An idle process (it stays idle after class-level calls), waiting for one while the pool
+        refills: never an episode's, which may end with its episode while the call runs."""
+        deadline = asyncio.get_running_loop().time() + WORKER_START_TIMEOUT_S
+        while True:
+            for worker in self._idle:
+                if worker.alive:
+                    return worker
+            remaining = deadline - asyncio.get_running_loop().time()
+            if self._young_deaths or remaining <= 0:
+                raise _none_up("no process is up for the environment's own calls")
+            self._top_up()
+            self._pool_changed.clear()
+            try:
+                await asyncio.wait_for(self._pool_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
 
     def _top_up(self) -> None:
         while not self._closing and len(self._idle) + self._starting < self._count:
@@ -787,14 +828,19 @@ class IsolatedHosts(WorkerHosts):
                 worker.process.kill()
             if not worker.connected.done():
                 worker.connected.set_exception(exc)
-            logger.error("episode_process_start_failed %s", exc)
+            if worker in self._workers:  # a process started for one episode
+                self._workers.remove(worker)
+            self._log_start_failure("episode_process_start_failed", exc)
+            self._young_deaths += 1
+            self._notify_availability()
+            self._pool_changed.set()
             if into_pool:
+                await asyncio.sleep(self._backoff_s())  # still counted as starting: no start meanwhile
                 self._starting -= 1
-                self._young_deaths += 1
-                await asyncio.sleep(self._backoff_s())
                 self._top_up()
             return
         self._young_deaths = 0
+        self._start_failure_logged = False
         if into_pool:
             self._starting -= 1
             if self._closing:
@@ -802,6 +848,12 @@ class IsolatedHosts(WorkerHosts):
                 return
             self._workers.append(worker)
             self._idle.append(worker)
+        self._notify_availability()
+        self._pool_changed.set()
+
+    def _serving(self) -> bool:
+        """An idle process to take, or starts that succeed (not a crash loop)."""
+        return any(worker.alive for worker in self._idle) or not self._young_deaths
 
     def _replace(self, dead: _Worker) -> None:
         """A process ended (with its episode, or crashed): it is not restarted; the pool is topped up."""

@@ -1,0 +1,30 @@
+"""`.ci/run` runs the README's own test command, then the worker-mode pass over test files that exist."""
+
+from __future__ import annotations
+
+import re
+
+from tests.support.servers import ROOT
+
+CI_SCRIPT = ROOT / ".ci" / "run"
+
+
+def _readme_test_command() -> str:
+    readme = (ROOT / "README.md").read_text()
+    after = readme[readme.index("Run the tests"):]
+    return re.search(r"```bash\n(.*?)\n```", after, re.DOTALL).group(1)
+
+
+def test_ci_runs_the_readmes_test_command_as_written() -> None:
+    command = _readme_test_command()
+    assert "pytest" in command
+    assert command in CI_SCRIPT.read_text().splitlines()
+
+
+def test_the_worker_mode_pass_names_test_files_that_exist_outside_tests_workers() -> None:
+    script = CI_SCRIPT.read_text()
+    files = re.search(r'^WORKER_MODE_TESTS="(.*?)"$', script, re.DOTALL | re.MULTILINE).group(1).split()
+    assert files
+    assert [path for path in files if not (ROOT / path).is_file()] == []
+    assert [path for path in files if path.startswith("tests/workers/")] == []  # they choose their own modes
+    assert 'ORS_TEST_SERVE_ARGS="--workers 2" pytest -q $WORKER_MODE_TESTS' in script
