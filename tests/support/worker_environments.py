@@ -3,18 +3,26 @@ need to see (which process ran a call) travels in tool outputs."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from ors_grpc import ToolOutput, tool
-from tests.support.reliability_environments import ProbeEnv
+from tests.support.reliability_environments import MARKER_DIR_VARIABLE, ProbeEnv
 
 #: A file whose existence keeps worker processes from importing this module (a crash loop), once set.
 POISON_VARIABLE = "ORS_TEST_WORKER_POISON"
 
-if sys.argv[0].endswith("worker.py") and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
+#: The program of a worker process, or of the template that episode processes are forked from.
+WORKER_PROGRAMS = ("worker.py", "template.py")
+
+if sys.argv[0].endswith(WORKER_PROGRAMS) and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
     raise RuntimeError("poisoned: this worker cannot start")
+
+#: The process that imported this module (for an episode process forked from a template: the template).
+IMPORTED_IN = os.getpid()
 
 
 class WorkerProbeEnv(ProbeEnv):
@@ -24,6 +32,17 @@ class WorkerProbeEnv(ProbeEnv):
     def pid(self) -> ToolOutput:
         """The id of the process running this episode's code."""
         return ToolOutput(blocks=[], metadata={"pid": os.getpid()})
+
+    @tool
+    def importer_pid(self) -> ToolOutput:
+        """The id of the process that imported this environment's module."""
+        return ToolOutput(blocks=[], metadata={"pid": IMPORTED_IN})
+
+    @tool
+    def log_line(self) -> ToolOutput:
+        """Logs one WARNING naming the episode's tag."""
+        logging.getLogger("tests.worker_probe").warning("probe_log_line tag=%s", self.task_spec.get("tag"))
+        return ToolOutput(blocks=[])
 
     @tool
     def exit_process(self) -> ToolOutput:
@@ -36,6 +55,14 @@ class WorkerProbeEnv(ProbeEnv):
         import threading
 
         threading.Event().wait()
+        return ToolOutput(blocks=[])
+
+    @tool
+    async def block_loop(self) -> ToolOutput:
+        """Blocks its process's event loop for an hour (a sync sleep in an async tool), once it has left
+        a marker file `blocking-<tag>` saying so: only a signal ends the process meanwhile."""
+        Path(os.environ[MARKER_DIR_VARIABLE], f"blocking-{self.task_spec.get('tag')}").write_text("")
+        time.sleep(3600)
         return ToolOutput(blocks=[])
 
     @tool

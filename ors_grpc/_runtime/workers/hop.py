@@ -16,17 +16,26 @@ Messages:
   environment raised (`portable_error` when it cannot be pickled).
 The first exchange is the worker's `Hello`, then the server's `Setup` (what
 to import), then the worker's `Ready` (or the traceback of its failure).
+
+With `--isolation episode`, the server also speaks to the template process
+over a socket pair it inherits: `Setup`, answered `Ready`; then `Fork`,
+answered `Forked` with the child's pid; and, unasked, `Exited` when a child
+ends. The template has no event loop: it uses `send_frame`/`recv_frame`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import pickle
+import socket
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Hello", "Ready", "Setup", "portable_error", "read_frame", "write_frame"]
+__all__ = [
+    "Exited", "Fork", "Forked", "Hello", "Ready", "Setup", "portable_error", "read_frame", "recv_frame", "send_frame",
+    "write_frame",
+]
 
 _HEADER = struct.Struct(">I")
 #: A frame larger than this is a bug (messages are bounded by the server's message limit well below).
@@ -63,6 +72,30 @@ class Ready:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class Fork:
+    """Server -> template: fork a process that serves as worker `worker_id` on the hop at `socket_path`."""
+
+    worker_id: int
+    socket_path: str
+
+
+@dataclass(frozen=True)
+class Forked:
+    """Template -> server: the process forked for worker `worker_id` is `pid`."""
+
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Template -> server: its child `pid` ended; `status` as Popen's returncode (-N: killed by signal N)."""
+
+    pid: int
+    status: int
+
+
 def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     writer.write(_HEADER.pack(len(data)) + data)
@@ -74,6 +107,30 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     if size > MAX_FRAME_BYTES:
         raise ValueError(f"hop frame of {size} bytes")
     return pickle.loads(await reader.readexactly(size))
+
+
+def send_frame(sock: socket.socket, message: Any) -> None:
+    """`write_frame` on a blocking socket."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def recv_frame(sock: socket.socket) -> Any:
+    """`read_frame` on a blocking socket (EOFError at the end of the stream)."""
+    (size,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"hop frame of {size} bytes")
+    return pickle.loads(_recv_exactly(sock, size))
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the hop closed")
+        data += chunk
+    return bytes(data)
 
 
 class ForeignError(Exception):
