@@ -23,6 +23,7 @@ from tests.support.reliability_environments import MARKER_DIR_VARIABLE
 from tests.support.reliability_helpers import eventually, grpc_call, grpc_episode, grpc_stub, open_sessions
 from tests.support.servers import ROOT, start_serve
 from tests.support.worker_environments import POISON_VARIABLE
+from tests.workers.test_worker_mode import refuses_prompts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,14 +55,6 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
-
-
-async def refuses_prompts(stub, sid: str) -> bool:
-    try:
-        await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-    except grpc.aio.AioRpcError:
-        return True
-    return False
 
 
 def gone(pid: int) -> bool:
