@@ -879,9 +879,10 @@ class IsolatedHosts(WorkerHosts):
             logger.error("episode_process_start_failed %s", exc)
             if into_pool:
                 self._starting -= 1
-                self._young_deaths += 1
-                await asyncio.sleep(self._backoff_s())
-                self._top_up()
+                if self._serving():  # (else its template died: counted there, and the next template tops up)
+                    self._young_deaths += 1
+                    await asyncio.sleep(self._backoff_s())
+                    self._top_up()
             return
         self._young_deaths = 0
         if into_pool:
@@ -903,6 +904,8 @@ class IsolatedHosts(WorkerHosts):
     def _template_lost(self, template: TemplateProcess) -> None:
         """The template ended (its episode processes with it): start another, backing off while they die young."""
         assert template.process is not None
+        if self._closing:
+            return
         young = asyncio.get_running_loop().time() - template.started < YOUNG_DEATH_S
         self._young_deaths = self._young_deaths + 1 if young else 0
         logger.error("episode_template_exited pid=%d %s episode_processes_lost=%d", template.process.pid,
