@@ -160,6 +160,8 @@ def measure_all(args: argparse.Namespace) -> list[Row]:
     for _ in range(args.rounds):
         for workload in args.placement_workloads:
             for placement, serve_args in PLACEMENTS:
+                if placement not in args.placement_rows:
+                    continue
                 if placement in rejected:
                     row = Row(workload, placement, unavailable=rejected[placement])
                 else:

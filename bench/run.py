@@ -197,6 +197,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              " and a CPU-heavy environment, through the gRPC door (bench/placements.py)")
     parser.add_argument("--placement-workloads", default="trivial,cpu-sync,cpu-async",
                         help="workloads of --placements (trivial,cpu-sync,cpu-async)")
+    parser.add_argument("--placement-rows", default=None,
+                        help="rows of --placements, comma-separated serve arguments as labelled"
+                             " (default all: in-process,--workers 1,--workers 2,--isolation episode)")
     parser.add_argument("--setup-seconds", type=float, default=None, metavar="S",
                         help="instead: a trainer's batch loop over episodes whose setup takes S seconds,"
                              " with and without preparing the next batch (warm episodes; bench/warm.py)")
@@ -213,10 +216,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"unknown doors: {', '.join(sorted(unknown))}")
     args.sessions = sorted(int(c) for c in args.sessions.split(",") if c)
     args.placement_workloads = [w for w in args.placement_workloads.split(",") if w]
-    from bench.placements import WORKLOADS
+    from bench.placements import PLACEMENTS, WORKLOADS
     unknown = set(args.placement_workloads) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    labels = [label for label, _ in PLACEMENTS]
+    args.placement_rows = labels if args.placement_rows is None else [r for r in args.placement_rows.split(",") if r]
+    unknown = set(args.placement_rows) - set(labels)
+    if unknown:
+        parser.error(f"unknown placement rows: {', '.join(sorted(unknown))} (from: {', '.join(labels)})")
     args.scaleout_backends = sorted(int(c) for c in args.scaleout_backends.split(",") if c)
     return args
 

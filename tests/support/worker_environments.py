@@ -8,12 +8,13 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from opentelemetry import trace
 
 from ors_grpc import ToolOutput, tool
-from tests.support.reliability_environments import ProbeEnv
+from tests.support.reliability_environments import MARKER_DIR_VARIABLE, ProbeEnv
 
 logger = logging.getLogger(__name__)
 #: The environment's own tracer (the OpenTelemetry API's global one), as environment code gets one.
@@ -24,8 +25,14 @@ PID_ATTRIBUTE = "probe.pid"
 #: A file whose existence keeps worker processes from importing this module (a crash loop).
 POISON_VARIABLE = "ORS_TEST_WORKER_POISON"
 
-if sys.argv[0].endswith("worker.py") and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
+#: The program of a worker process, or of the template that episode processes are forked from.
+WORKER_PROGRAMS = ("worker.py", "template.py")
+
+if sys.argv[0].endswith(WORKER_PROGRAMS) and Path(os.environ.get(POISON_VARIABLE) or "/nonexistent").exists():
     raise RuntimeError("poisoned: this worker cannot start")
+
+#: The process that imported this module (for an episode process forked from a template: the template).
+IMPORTED_IN = os.getpid()
 
 
 class WorkerProbeEnv(ProbeEnv):
@@ -60,6 +67,11 @@ class WorkerProbeEnv(ProbeEnv):
         return ToolOutput(blocks=[], metadata={"pid": os.getpid()})
 
     @tool
+    def importer_pid(self) -> ToolOutput:
+        """The id of the process that imported this environment's module."""
+        return ToolOutput(blocks=[], metadata={"pid": IMPORTED_IN})
+
+    @tool
     def exit_process(self) -> ToolOutput:
         """Ends the process running the episode at once, as a native library's abort does."""
         os._exit(3)
@@ -78,6 +90,14 @@ class WorkerProbeEnv(ProbeEnv):
         import ctypes
 
         ctypes.string_at(0)
+        return ToolOutput(blocks=[])
+
+    @tool
+    async def block_loop(self) -> ToolOutput:
+        """Blocks its process's event loop for an hour (a sync sleep in an async tool), once it has left
+        a marker file `blocking-<tag>` saying so: only a signal ends the process meanwhile."""
+        Path(os.environ[MARKER_DIR_VARIABLE], f"blocking-{self.task_spec.get('tag')}").write_text("")
+        time.sleep(3600)
         return ToolOutput(blocks=[])
 
     @tool

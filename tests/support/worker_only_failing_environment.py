@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 
 from tests.support.reliability_environments import ProbeEnv
+from tests.support.worker_environments import WORKER_PROGRAMS
 
-if sys.argv[0].endswith("worker.py"):  # `python -m ors_grpc._runtime.workers.worker`
+if sys.argv[0].endswith(WORKER_PROGRAMS):  # `python -m ors_grpc._runtime.workers.worker` (or `.template`)
     raise RuntimeError("no simulator licence in this process")
 
 

@@ -26,6 +26,11 @@ reports it: `Heartbeats` (who is reporting), then one `Heartbeat` every
 `Setup.heartbeat_interval_s`, carrying the loop's lag and how long one
 callback has held it, measured off the loop (`loop_monitor`). The server
 never writes to that connection.
+
+With `--isolation episode`, the server also speaks to the template process
+over a socket pair it inherits: `Setup`, answered `Ready`; then `Fork`,
+answered `Forked` with the child's pid; and, unasked, `Exited` when a child
+ends. The template has no event loop: it uses `send_frame`/`recv_frame`.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Heartbeat", "Heartbeats", "Hello", "Ready", "Setup", "portable_error", "read_frame", "send_frame",
-           "write_frame"]
+__all__ = [
+    "Exited", "Fork", "Forked", "Heartbeat", "Heartbeats", "Hello", "Ready", "Setup", "portable_error", "read_frame",
+    "recv_frame", "send_frame", "write_frame",
+]
 
 _HEADER = struct.Struct(">I")
 #: A frame larger than this is a bug (messages are bounded by the server's message limit well below).
@@ -95,13 +102,37 @@ class Heartbeat:
     held_s: float
 
 
+@dataclass(frozen=True)
+class Fork:
+    """Server -> template: fork a process that serves as worker `worker_id` on the hop at `socket_path`."""
+
+    worker_id: int
+    socket_path: str
+
+
+@dataclass(frozen=True)
+class Forked:
+    """Template -> server: the process forked for worker `worker_id` is `pid`."""
+
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Template -> server: its child `pid` ended; `status` as Popen's returncode (-N: killed by signal N)."""
+
+    pid: int
+    status: int
+
+
 def write_frame(writer: asyncio.StreamWriter, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     writer.write(_HEADER.pack(len(data)) + data)
 
 
 def send_frame(sock: socket.socket, message: Any) -> None:
-    """`write_frame` on a blocking socket, from a thread off the event loop."""
+    """`write_frame` on a blocking socket (a thread off the event loop, or the template, which has none)."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     sock.sendall(_HEADER.pack(len(data)) + data)
 
@@ -112,6 +143,24 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     if size > MAX_FRAME_BYTES:
         raise ValueError(f"hop frame of {size} bytes")
     return pickle.loads(await reader.readexactly(size))
+
+
+def recv_frame(sock: socket.socket) -> Any:
+    """`read_frame` on a blocking socket (EOFError at the end of the stream)."""
+    (size,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"hop frame of {size} bytes")
+    return pickle.loads(_recv_exactly(sock, size))
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the hop closed")
+        data += chunk
+    return bytes(data)
 
 
 class ForeignError(Exception):

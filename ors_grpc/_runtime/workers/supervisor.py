@@ -17,6 +17,11 @@ deadlock or corrupt the child. multiprocessing's spawn would be as safe, but
 re-imports the parent's `__main__` in every worker (a script without a main
 guard would serve again, recursively) for nothing we need.
 
+With `--isolation episode`, an episode process is a fork of a template
+process, itself such a fresh interpreter, that imported the environments
+and never runs grpc (`template`; `IsolatedHosts` says why not
+multiprocessing's forkserver).
+
 The hop: one Unix socket in a fresh directory only the server's user can
 open (0700, `tempfile.mkdtemp`); workers listen on nothing. Environments are
 imported in the worker by `module:qualname`, so a class defined in a
@@ -79,6 +84,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional, Sequence, Union
@@ -86,7 +92,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
 from ors_grpc._runtime.workers.hop import (
-    Heartbeat, Heartbeats, Hello, Ready, Setup, local_error, read_frame, write_frame,
+    Exited, Fork, Forked, Heartbeat, Heartbeats, Hello, Ready, Setup, local_error, read_frame, write_frame,
 )
 from ors_grpc.authoring.environment import Environment, overrides
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
@@ -154,7 +160,9 @@ class _Worker:
     #: Why the server killed the worker (a CRASH_CAUSE_*), if it did.
     killed_because: str | None = None
 
-    def __init__(self, worker_id: int, process: subprocess.Popen[bytes], on_lost: Callable[[_Worker], None]) -> None:
+    def __init__(
+        self, worker_id: int, process: subprocess.Popen[bytes] | ForkedProcess, on_lost: Callable[[_Worker], None],
+    ) -> None:
         self.worker_id = worker_id
         self.process = process
         self.started = asyncio.get_running_loop().time()
@@ -504,12 +512,16 @@ class WorkerHosts(HostFactory):
 
     def _spawn(self) -> _Worker:
         worker_id = next(self._worker_ids)
-        process = subprocess.Popen(
+        worker = self._pending[worker_id] = self._by_id[worker_id] = _Worker(
+            worker_id, self._start_process(worker_id), self._replace)
+        return worker
+
+    def _start_process(self, worker_id: int) -> subprocess.Popen[bytes] | ForkedProcess:
+        """A fresh interpreter that serves as worker `worker_id` (see the module's docstring)."""
+        return subprocess.Popen(
             [sys.executable, "-m", "ors_grpc._runtime.workers.worker", self._path, str(worker_id), str(os.getpid())],
             stdin=subprocess.DEVNULL, env=_worker_environment(),
         )
-        worker = self._pending[worker_id] = self._by_id[worker_id] = _Worker(worker_id, process, self._replace)
-        return worker
 
     def _replace(self, dead: _Worker) -> None:
         """Start a worker in the place of `dead` (backing off while workers die young)."""
@@ -583,7 +595,7 @@ class WorkerHosts(HostFactory):
             if isinstance(hello, Heartbeats):
                 return await self._hear_heartbeats(hello, reader, writer)
             worker = self._pending.pop(hello.worker_id)
-            if worker.process.pid != hello.pid:
+            if await _pid_of(worker.process) != hello.pid:
                 raise ValueError("a worker id from another process")
         except Exception:
             writer.close()
@@ -693,7 +705,7 @@ class WorkerHosts(HostFactory):
         return host
 
     def worker_pids(self) -> list[int]:
-        return [worker.process.pid for worker in self._workers if worker.alive]
+        return [worker.process.pid for worker in self._workers if worker.alive and worker.process.pid is not None]
 
     def _readings(self) -> list[metrics.WorkerReading]:
         """The workers up and serving, read at a metrics scrape (their memory too: no call pays for it)."""
@@ -752,11 +764,181 @@ def _worker_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+async def _pid_of(process: subprocess.Popen[bytes] | ForkedProcess) -> int | None:
+    """A worker process's pid (a forked one's once the template has said it; None if it never forked it)."""
+    if isinstance(process, ForkedProcess):
+        await process.forked.wait()
+    return process.pid
+
+
+# --- episode processes forked from a template (`--isolation episode`) --------
+
+class ForkedProcess:
+    """An episode process forked by the template, as a worker sees its process
+    (`subprocess.Popen`'s pid, poll, wait, kill, returncode): its pid and exit
+    status come from the template, its parent."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        #: Set once the template forked it (`pid`), or ended without doing so.
+        self.forked = asyncio.Event()
+        self._ended = threading.Event()
+        self._kill_once_forked = False
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self) -> int | None:
+        """Its exit status, once the template reported it (blocks: call it in a thread, as Popen.wait)."""
+        self._ended.wait()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is not None:
+            return
+        if self.pid is None:
+            self._kill_once_forked = True
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # ended; the template's report is on its way
+
+    def set_pid(self, pid: int) -> None:
+        self.pid = pid
+        self.forked.set()
+        if self._kill_once_forked:
+            self.kill()
+
+    def set_ended(self, status: int) -> None:
+        self.returncode = status
+        self._ended.set()
+        self.forked.set()
+
+
+class TemplateProcess:
+    """The server's end of the template process (`template`): started once
+    (with the environments imported in it), asked for a fork per episode
+    process, reporting how each ended."""
+
+    def __init__(self, setup: Setup, on_lost: Callable[[TemplateProcess], None]) -> None:
+        self._setup = setup
+        self._on_lost = on_lost
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.alive = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: Forks asked for and not answered yet, by worker id; forked processes not reaped yet, by pid.
+        self._forking: dict[int, ForkedProcess] = {}
+        self._children: dict[int, ForkedProcess] = {}
+
+    async def start(self) -> None:
+        """Start it; WorkerStartupError (with the traceback) when it cannot import the environments."""
+        server_end, template_end = socket.socketpair()
+        with template_end:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ors_grpc._runtime.workers.template", str(template_end.fileno()),
+                 str(os.getpid())],
+                stdin=subprocess.DEVNULL, env=_worker_environment(), pass_fds=[template_end.fileno()],
+            )
+        self.started = asyncio.get_running_loop().time()
+        try:
+            reader, self._writer = await asyncio.open_unix_connection(sock=server_end)
+            write_frame(self._writer, self._setup)
+            ready: Ready = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            await self._kill()
+            raise WorkerStartupError(
+                f"the template process did not start within {WORKER_START_TIMEOUT_S:g}s") from None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            await self._kill()
+            raise WorkerStartupError(
+                f"the template process {_exit_text(self.process.returncode)} while starting") from None
+        except BaseException:
+            await self._kill()
+            raise
+        if ready.error:
+            await self._kill()
+            raise WorkerStartupError(f"the template process could not import the environments:\n{ready.error.rstrip()}")
+        self.alive = True
+        self._reading = asyncio.get_running_loop().create_task(self._read_forever(reader), name="ors-episode-template")
+        logger.info("episode_template_started pid=%d", self.process.pid)
+
+    def fork(self, worker_id: int, socket_path: str) -> ForkedProcess:
+        """A process forked to serve as worker `worker_id` on the hop at `socket_path` (the template is alive)."""
+        assert self.alive and self._writer is not None
+        process = self._forking[worker_id] = ForkedProcess()
+        write_frame(self._writer, Fork(worker_id, socket_path))
+        return process
+
+    async def _read_forever(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                message: Forked | Exited = await read_frame(reader)
+                if isinstance(message, Forked):
+                    process = self._children[message.pid] = self._forking.pop(message.worker_id)
+                    process.set_pid(message.pid)
+                else:
+                    process = self._children.pop(message.pid, None)
+                    if process is not None:  # (else a process an environment's import started: not ours)
+                        process.set_ended(message.status)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.alive = False
+            for process in [*self._forking.values(), *self._children.values()]:
+                process.set_ended(-signal.SIGKILL)  # their death signal, from the template's end (see `template`)
+            self._forking.clear()
+            self._children.clear()
+            if not self._stopping:
+                assert self.process is not None
+                await asyncio.to_thread(self.process.wait)
+                self._on_lost(self)
+
+    async def stop(self) -> None:
+        """End it, once its children have ended: closing its socket ends it (and would kill them)."""
+        self._stopping = True
+        if self._writer is not None:
+            self._writer.close()
+        if self.process is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.process.wait), WORKER_STOP_WAIT_S)
+            except asyncio.TimeoutError:
+                await self._kill()
+        if self._reading is not None:
+            await asyncio.wait({self._reading})
+
+    async def _kill(self) -> None:
+        self._stopping = True
+        assert self.process is not None
+        self.process.kill()
+        await asyncio.to_thread(self.process.wait)
+
+
 class IsolatedHosts(WorkerHosts):
     """`--isolation episode`: every episode in a process of its own, which ends
     with the episode. `pool` processes (environments imported) are kept
     started and idle, so creating an episode does not wait for a process
-    start; a fault costs exactly its own episode."""
+    start; a fault costs exactly its own episode.
+
+    Episode processes are forked from a template process (`template`) that
+    imported the environments once and never started grpc, so starting one
+    costs a fork, not an interpreter's start and imports (about 0.5 s of CPU
+    each, which under load emptied the pool and made creations wait).
+    multiprocessing's forkserver would do the forking but does not fit: each
+    child re-runs the server's `__main__` (`ors_grpc.cli`, or the operator's
+    script: without a main guard it would serve again, in the episode
+    process), a preload that fails is silently skipped (ImportError) or kills
+    the fork server, leaving the server an EOFError instead of the
+    environment's traceback, and the fork server is one per interpreter with
+    one preload list. If the template dies, its episode processes die with it
+    (their ends answer ENVIRONMENT_CRASHED, killed by SIGKILL) and a new
+    template is started (backing off while templates die young; health
+    NOT_SERVING meanwhile).
+    """
 
     def __init__(
         self, pool: int, environments: dict[str, type[Environment]], toolsets: dict[str, type],
@@ -770,10 +952,30 @@ class IsolatedHosts(WorkerHosts):
         self._starting = 0
         #: Set when a start ends, well or not (what `catalog_worker` waits for).
         self._pool_changed = asyncio.Event()
+        self._template: TemplateProcess | None = None
 
     async def start(self) -> None:
-        await super().start()
+        """Start the template (WorkerStartupError with its traceback when it cannot import
+        the environments), then fork the pool from it."""
+        self._template = TemplateProcess(self._setup, self._template_lost)
+        await self._template.start()
+        try:
+            await super().start()
+        except BaseException:
+            await self._template.stop()
+            raise
         self._idle.extend(self._workers)
+
+    def _start_process(self, worker_id: int) -> ForkedProcess:
+        assert self._template is not None
+        return self._template.fork(worker_id, self._path)
+
+    def _template_up(self) -> bool:
+        return self._template is not None and self._template.alive
+
+    def _serving(self) -> bool:
+        """A template to fork from, and an idle process to take or forks that succeed (not a crash loop)."""
+        return self._template_up() and (any(worker.alive for worker in self._idle) or not self._young_deaths)
 
     def episode(self, env_cls: type[Environment]) -> WorkerEpisodeHost:
         while self._idle and not self._idle[0].alive:
@@ -781,6 +983,8 @@ class IsolatedHosts(WorkerHosts):
         if self._idle:
             worker = self._idle.popleft()
             self._notify_availability()
+        elif not self._template_up():
+            raise _none_up("no episode process can start: the template process is being restarted")
         elif self._young_deaths:  # processes keep failing to start (a crash loop): not one more per creation
             raise _none_up("no episode process could start")
         else:  # the pool ran dry: a process of its own all the same, its calls wait for it to start
@@ -799,7 +1003,7 @@ class IsolatedHosts(WorkerHosts):
                 if worker.alive:
                     return worker
             remaining = deadline - asyncio.get_running_loop().time()
-            if self._young_deaths or remaining <= 0:
+            if not self._serving() or remaining <= 0:
                 raise _none_up("no process is up for the environment's own calls")
             self._top_up()
             self._pool_changed.clear()
@@ -809,7 +1013,7 @@ class IsolatedHosts(WorkerHosts):
                 pass
 
     def _top_up(self) -> None:
-        while not self._closing and len(self._idle) + self._starting < self._count:
+        while not self._closing and self._template_up() and len(self._idle) + self._starting < self._count:
             self._watch_start(self._spawn(), into_pool=True)
 
     def _watch_start(self, worker: _Worker, *, into_pool: bool) -> None:
@@ -830,12 +1034,15 @@ class IsolatedHosts(WorkerHosts):
                 worker.connected.set_exception(exc)
             if worker in self._workers:  # a process started for one episode
                 self._workers.remove(worker)
-            self._log_start_failure("episode_process_start_failed", exc)
-            self._young_deaths += 1
+            lost_with_its_template = not self._template_up()  # counted there; the next template tops up
+            if not lost_with_its_template:
+                self._log_start_failure("episode_process_start_failed", exc)
+                self._young_deaths += 1
             self._notify_availability()
             self._pool_changed.set()
             if into_pool:
-                await asyncio.sleep(self._backoff_s())  # still counted as starting: no start meanwhile
+                if not lost_with_its_template:
+                    await asyncio.sleep(self._backoff_s())  # still counted as starting: no start meanwhile
                 self._starting -= 1
                 self._top_up()
             return
@@ -851,10 +1058,6 @@ class IsolatedHosts(WorkerHosts):
         self._notify_availability()
         self._pool_changed.set()
 
-    def _serving(self) -> bool:
-        """An idle process to take, or starts that succeed (not a crash loop)."""
-        return any(worker.alive for worker in self._idle) or not self._young_deaths
-
     def _replace(self, dead: _Worker) -> None:
         """A process ended (with its episode, or crashed): it is not restarted; the pool is topped up."""
         if dead in self._workers:
@@ -862,3 +1065,41 @@ class IsolatedHosts(WorkerHosts):
         if dead in self._idle:
             self._idle.remove(dead)
         self._top_up()
+
+    def _template_lost(self, template: TemplateProcess) -> None:
+        """The template ended (its episode processes with it): start another, backing off while they die young."""
+        assert template.process is not None
+        if self._closing:
+            return
+        young = asyncio.get_running_loop().time() - template.started < YOUNG_DEATH_S
+        self._young_deaths = self._young_deaths + 1 if young else 0
+        logger.error("episode_template_exited pid=%d %s episode_processes_lost=%d", template.process.pid,
+                     _exit_text(template.process.returncode), len(self._workers))
+        self._notify_availability()
+        task = asyncio.get_running_loop().create_task(self._restart_template(), name="ors-episode-template-restart")
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart_template(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._backoff_s())
+            template = TemplateProcess(self._setup, self._template_lost)
+            try:
+                await template.start()
+            except WorkerStartupError as exc:
+                self._log_start_failure("episode_template_restart_failed", exc)
+                self._young_deaths += 1
+                continue
+            if self._closing:
+                await template.stop()
+                return
+            self._template = template
+            self._notify_availability()
+            self._top_up()
+            return
+
+    async def close(self) -> None:
+        """Stop every episode process, then the template (its end would kill them)."""
+        await super().close()
+        if self._template is not None:
+            await self._template.stop()

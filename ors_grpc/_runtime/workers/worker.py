@@ -1,14 +1,17 @@
 """A worker process: runs environments' code for the server that started it.
 
-Started as `python -m ors_grpc._runtime.workers.worker SOCKET WORKER_ID` (a
-fresh interpreter: see `supervisor`); it connects to the server's Unix
+Started as `python -m ors_grpc._runtime.workers.worker SOCKET WORKER_ID
+SERVER_PID` (a fresh interpreter: see `supervisor`), or forked from the
+template process with the environments already imported (`--isolation
+episode`: see `template`), it connects to the server's Unix
 socket, learns what to import (`hop.Setup`), and then serves the server's
 calls, each in a task of its own, with the in-process hosts
 (`local_hosts`): inside a worker, sync code is placed on the loop or in a
 thread as it is in the server (`sync_code_on_loop`).
 
 It ends when the server's socket closes (the server stopped or died), and,
-on Linux, is killed with the server (PR_SET_PDEATHSIG) even if its loop is stuck.
+on Linux, is killed with its parent (PR_SET_PDEATHSIG: the server, or the
+template, which is killed with the server) even if its loop is stuck.
 
 Observability: its log lines carry `worker=N`; it traces when the OTEL_*
 environment it inherits from the server asks for it (`tracing.enabled`), and
@@ -37,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
@@ -54,18 +57,19 @@ logger = logging.getLogger("ors_grpc.worker")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the server's thread that started it ends."""
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the thread of `parent_pid` that started it ends."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent_pid:  # the server died before the call above
+    if os.getppid() != parent_pid:  # the parent died before the call above
         os._exit(1)
 
 
-def _load(spec: str) -> Any:
+def load(spec: str) -> Any:
+    """The object a "module:qualname" names, its module imported."""
     module_name, _, qualname = spec.partition(":")
     target: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
@@ -165,18 +169,22 @@ async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: in
         _exit()  # `--isolation episode`: the process ends with its episode
 
 
+def configure_logging(worker: str, level: int) -> None:
+    """Log lines to stderr, tagged with the worker's id (replacing a forked child's template's handler)."""
+    logging.basicConfig(level=level, stream=sys.stderr, force=True,
+                        format=f"time=%(asctime)s level=%(levelname)s worker={worker} logger=%(name)s msg=%(message)s")
+
+
 async def serve(socket_path: str, worker_id: int) -> None:
     reader, writer = await asyncio.open_unix_connection(socket_path)
     write_frame(writer, Hello(worker_id, os.getpid()))
     setup: Setup = await read_frame(reader)
     sys.path[:] = setup.sys_path
-    logging.basicConfig(level=setup.log_level, stream=sys.stderr,
-                        format=f"time=%(asctime)s level=%(levelname)s worker={worker_id} "
-                               "logger=%(name)s msg=%(message)s")
+    configure_logging(str(worker_id), setup.log_level)
     tracing.enabled()  # as the server decided, from the same OTEL_* environment
     try:
-        environments = {name: _load(spec) for name, spec in setup.environments.items()}
-        toolsets = {spec: _load(spec) for spec in setup.toolsets}
+        environments = {name: load(spec) for name, spec in setup.environments.items()}
+        toolsets = {spec: load(spec) for spec in setup.toolsets}
     except BaseException:
         write_frame(writer, Ready(error=traceback.format_exc()))
         await writer.drain()
@@ -231,7 +239,12 @@ def _send_heartbeats(socket_path: str, worker_id: int, monitor: LoopMonitor, int
 
 def main() -> None:
     socket_path, worker_id, parent_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    _die_with_parent(parent_pid)
+    run(socket_path, worker_id, parent_pid)
+
+
+def run(socket_path: str, worker_id: int, parent_pid: int) -> NoReturn:
+    """Serve as worker `worker_id` on the hop at `socket_path`, killed with `parent_pid` (this process's parent)."""
+    die_with_parent(parent_pid)
     user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     asyncio.run(serve(socket_path, worker_id))
