@@ -25,6 +25,8 @@ from tests.support.worker_environments import POISON_VARIABLE
 pytestmark = pytest.mark.timeout(120)
 
 WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
+#: The traceback's last line of a process that could not import the poisoned environments.
+POISONED = "RuntimeError: poisoned: this worker cannot start"
 
 
 async def grpc_pid(stub, sid: str, tool: str = "pid") -> int:
@@ -185,12 +187,13 @@ async def test_a_dead_template_costs_its_episode_processes_and_is_replaced_once_
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await grpc_episode(stub, "meanwhile", env_name="workerprobeenv")
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # retry later
+            await eventually(lambda: _async(POISONED in log.read_text()), "a failed template start to be logged")
             poison.unlink()
             await eventually(lambda: health_is(health_pb2.HealthCheckResponse.SERVING), "health SERVING again")
             fresh = await grpc_episode(stub, "fresh", env_name="workerprobeenv")
             assert await grpc_pid(stub, fresh, "importer_pid") not in (template, serve.proc.pid)
     # The failed restarts are reported once, with the traceback, however many there were.
-    assert log.read_text().count("RuntimeError: poisoned: this worker cannot start") == 1, log.read_text()
+    assert log.read_text().count(POISONED) == 1, log.read_text()
 
 
 async def test_the_server_killed_leaves_no_template_and_no_episode_process_behind(tmp_path: Path) -> None:
