@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
 from tests.support.reliability_helpers import eventually, grpc_call, grpc_episode, grpc_stub, open_sessions
+from tests.support.processes import descendants, parent_of, process_gone
 from tests.support.servers import start_serve
 from tests.support.worker_environments import POISON_VARIABLE
 
@@ -44,35 +45,6 @@ async def refuses_prompts(stub, sid: str) -> bool:
     return False
 
 
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under `pid`."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents.setdefault(parent_of(int(entry.name)), []).append(int(entry.name))
-            except (OSError, IndexError):
-                continue  # ended meanwhile
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-
-
 async def test_each_episode_has_a_process_of_its_own_that_ends_with_it(tmp_path: Path) -> None:
     with start_serve(WORKER_PROBE, "--isolation", "episode", "--workers", "2",
                      env={MARKER_DIR_VARIABLE: str(tmp_path)}) as serve:
@@ -83,7 +55,7 @@ async def test_each_episode_has_a_process_of_its_own_that_ends_with_it(tmp_path:
             for sid in sids:
                 await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
             for pid in pids:
-                await eventually(lambda pid=pid: _async(gone(pid)), f"episode process {pid} to end")
+                await eventually(lambda pid=pid: _async(process_gone(pid)), f"episode process {pid} to end")
             assert sorted(path.name for path in tmp_path.iterdir()) == [f"teardown-episode-{n}" for n in range(3)]
             # Class-level calls and new episodes are still served.
             tasks = await stub.ListTasks(pb.ListTasksRequest(env_name="workerprobeenv", split="train"))
@@ -209,7 +181,7 @@ async def test_the_server_killed_leaves_no_template_and_no_episode_process_behin
             serve.proc.kill()
             serve.proc.wait()
             # Nothing could tell the stuck process: it goes because its template went, because the server went.
-            await eventually(lambda: _async(all(gone(pid) for pid in processes)), "every process to end")
+            await eventually(lambda: _async(all(process_gone(pid) for pid in processes)), "every process to end")
             call.cancel()
 
 

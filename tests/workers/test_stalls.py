@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -25,6 +24,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.protocol.constants import ERROR_REASON_METADATA_KEY, STATUS_DETAILS_METADATA_KEY
 from tests.support.bridge_http import read_sse
 from tests.support.reliability_helpers import eventually, grpc_call, grpc_episode, grpc_stub, http_episode
+from tests.support.processes import children
 from tests.support.servers import ServeProcess, start_serve
 
 pytestmark = pytest.mark.timeout(120)
@@ -261,7 +261,7 @@ async def test_load_alone_never_trips_the_stall_limit(tmp_path: Path) -> None:
     in threads, quick `async def` calls) for several stall limits: no worker is killed."""
     log = tmp_path / "serve.log"
     with serve_stalls(log, "--workers", "2") as serve:
-        workers = _children(serve.proc.pid)
+        workers = children(serve.proc.pid)
         assert len(workers) == 2
         async with doors(serve) as door:
             episodes = [(name, await door[name].episode(f"{name}-{n}")) for name in ("grpc", "http") for n in range(12)]
@@ -284,10 +284,5 @@ async def test_load_alone_never_trips_the_stall_limit(tmp_path: Path) -> None:
             for name, sid in episodes:  # every episode in its process, its state intact
                 assert await pid_of(door[name], sid) == pids[sid]
                 assert await runs_of(door[name], sid) == {"echo_tag": 1}
-        assert _children(serve.proc.pid) == workers
+        assert children(serve.proc.pid) == workers
     assert log_lines(log, "worker_killed") == [] and log_lines(log, "level=ERROR") == []
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return sorted(int(line) for line in out.split())

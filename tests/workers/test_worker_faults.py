@@ -27,6 +27,7 @@ from ors_grpc.protocol.errors import (
 )
 from tests.support.episode_doors import DOOR_NAMES, EpisodeDoor, episode_door
 from tests.support.reliability_helpers import eventually
+from tests.support.processes import children, descendants, process_gone
 from tests.support.servers import ROOT, start_serve
 from tests.support.worker_environments import POISON_VARIABLE
 
@@ -71,14 +72,6 @@ FAULTS = {
     "memory limit": Fault("hoard_memory", environment_crashed_from_exitcode(-signal.SIGKILL, CRASH_CAUSE_MEMORY_LIMIT),
                           serve_options=("--worker-memory-limit", "200")),
 }
-
-
-def process_gone(pid: int) -> bool:
-    """Whether process `pid` has ended (a zombie counts: ended, not yet reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 async def _gone(pid: int) -> bool:
@@ -192,18 +185,18 @@ async def test_the_server_killed_leaves_no_process_behind(mode: str) -> None:
         for door_name in DOOR_NAMES:  # an episode open through each door
             async with episode_door(door_name, serve, ENV_NAME) as door:
                 await door.create(door_name)
-        children = _children(serve.proc.pid)
-        assert len(children) >= 2
+        processes = descendants(serve.proc.pid)
+        assert len(processes) >= 2
         serve.proc.kill()
         serve.proc.wait()
-        for pid in children:
+        for pid in processes:
             await eventually(lambda pid=pid: _gone(pid), f"process {pid} to end with its server")
 
 
 def test_the_next_server_sweeps_the_hop_directory_a_killed_one_left() -> None:
     with start_serve(WORKER_PROBE, *MODES["workers"]) as serve:
         # A worker's argv names the hop's socket (`python -m ...worker SOCKET WORKER_ID SERVER_PID`).
-        worker = _children(serve.proc.pid)[0]
+        worker = children(serve.proc.pid)[0]
         hop = Path(Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[3].decode()).parent
         serve.proc.kill()
         serve.proc.wait()
@@ -223,8 +216,3 @@ def _listening(path: Path) -> bool:
         return False
     finally:
         probe.close()
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(line) for line in out.split()]
