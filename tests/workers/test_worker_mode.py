@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +20,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc._runtime.workers.hop import Hello, recv_frame
 from ors_grpc.protocol.constants import STATUS_DETAILS_METADATA_KEY
 from tests.support.bridge_http import read_sse
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
@@ -120,3 +123,49 @@ def test_an_ors_error_raised_by_environment_code_crosses_the_hop_as_it_is() -> N
     assert status_pb2.Status.FromString(trailers[STATUS_DETAILS_METADATA_KEY]).details[0].Unpack(info)
     assert (info.reason, dict(info.metadata)) == (
         "ERROR_REASON_ENVIRONMENT_CRASHED", {"cause": "signal", "signal": "SIGSEGV"})
+
+
+def test_a_worker_started_while_the_hops_backlog_is_full_waits_its_turn_and_says_hello(tmp_path: Path) -> None:
+    """A burst of starts (hundreds of episode processes at once) can fill the hop's listen backlog:
+    a worker then waits for room and connects, where asyncio's own connect took the kernel's
+    EAGAIN for a connection and died at its first write (ENOTCONN)."""
+    path, log = str(tmp_path / "hop.sock"), tmp_path / "worker.log"
+    with socket.socket(socket.AF_UNIX) as listener, log.open("wb") as stderr:
+        listener.bind(path)
+        listener.listen(0)
+        waiting = _fill_backlog(path)
+        worker = subprocess.Popen([sys.executable, "-m", "ors_grpc._runtime.workers.worker", path, "7",
+                                   str(os.getpid())], cwd=ROOT, stderr=stderr)
+        try:
+            while worker.poll() is None and not _blocked_in_a_unix_connect(worker.pid):
+                time.sleep(0.05)
+            assert worker.poll() is None, log.read_text()
+            listener.settimeout(60)
+            for _ in waiting:  # room in the backlog, as the server's accepts make it
+                listener.accept()[0].close()
+            connection, _ = listener.accept()
+            with connection:
+                connection.settimeout(60)
+                assert recv_frame(connection) == Hello(7, worker.pid)
+        finally:
+            worker.kill()
+            worker.wait()
+
+
+def _fill_backlog(path: str) -> list[socket.socket]:
+    """Connections that fill the backlog of the listener at `path` (which accepts none yet)."""
+    waiting: list[socket.socket] = []
+    while True:
+        attempt = socket.socket(socket.AF_UNIX)
+        attempt.setblocking(False)
+        try:
+            attempt.connect(path)
+        except BlockingIOError:
+            attempt.close()
+            return waiting
+        waiting.append(attempt)
+
+
+def _blocked_in_a_unix_connect(pid: int) -> bool:
+    tasks = Path(f"/proc/{pid}/task")
+    return any((task / "wchan").read_text() == "unix_wait_for_peer" for task in tasks.iterdir())

@@ -116,6 +116,9 @@ KILL_GRACE_S = 5.0
 #: (0.5 s, doubling, at most `MAX_RESTART_BACKOFF_S`) until one lives longer.
 YOUNG_DEATH_S = 10.0
 MAX_RESTART_BACKOFF_S = 30.0
+#: Connections to the hop waiting to be accepted (a burst of episode-process starts and their heartbeats);
+#: the kernel caps it at net.core.somaxconn.
+HOP_BACKLOG = 1024
 HOP_DIRECTORY_PREFIX = "ors-workers-"
 #: A hop directory this old whose socket refuses connections was left by a killed server.
 STALE_HOP_DIRECTORY_S = 60.0
@@ -491,7 +494,7 @@ class WorkerHosts(HostFactory):
         _remove_stale_hop_directories()
         self._directory = tempfile.mkdtemp(prefix=HOP_DIRECTORY_PREFIX)  # 0700: only this user can reach the hop
         self._path = os.path.join(self._directory, "hop.sock")
-        self._server = await asyncio.start_unix_server(self._accept, path=self._path)
+        self._server = await asyncio.start_unix_server(self._accept, path=self._path, backlog=HOP_BACKLOG)
         os.chmod(self._path, 0o600)
         starting = [self._spawn() for _ in range(self._count)]
         try:

@@ -169,6 +169,16 @@ async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: in
         _exit()  # `--isolation episode`: the process ends with its episode
 
 
+def _connect(socket_path: str) -> socket.socket:
+    """A connection to the hop, made with a blocking connect: while the server's backlog is full (a burst
+    of starts) it waits for room, where asyncio's non-blocking connect would take EAGAIN for success
+    and fail at the first send (ENOTCONN)."""
+    connection = socket.socket(socket.AF_UNIX)
+    connection.connect(socket_path)
+    connection.setblocking(False)
+    return connection
+
+
 def configure_logging(worker: str, level: int) -> None:
     """Log lines to stderr, tagged with the worker's id (replacing a forked child's template's handler)."""
     logging.basicConfig(level=level, stream=sys.stderr, force=True,
@@ -176,7 +186,7 @@ def configure_logging(worker: str, level: int) -> None:
 
 
 async def serve(socket_path: str, worker_id: int) -> None:
-    reader, writer = await asyncio.open_unix_connection(socket_path)
+    reader, writer = await asyncio.open_unix_connection(sock=_connect(socket_path))
     write_frame(writer, Hello(worker_id, os.getpid()))
     setup: Setup = await read_frame(reader)
     sys.path[:] = setup.sys_path
