@@ -111,6 +111,21 @@ async def episodes(door, workers: int, warmup: float, duration: float) -> dict:
             "creates": latency_summary(creations), "errors": errors.count, "first_error": errors.first}
 
 
+async def creations(door, count: int, pause: float) -> dict:
+    """`count` episodes one after another, each `pause` seconds after the last ended, so that a
+    pool of started processes (`--isolation episode`) is refilled: what a creation costs when
+    the pool is warm, not when a closed loop has emptied it."""
+    latencies: list[float] = []
+    errors = Errors()
+    for _ in range(count):
+        await asyncio.sleep(pause)
+        try:
+            await run_episode(door, lambda _: None, latencies.append)
+        except Exception as exc:
+            errors.add(exc)
+    return {"creates": latency_summary(latencies), "errors": errors.count, "first_error": errors.first}
+
+
 async def sessions(door, workers: int, count: int) -> dict:
     remaining = count
     errors = Errors()
@@ -151,6 +166,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     async with make_door(args.door, args.target) as door:
         if args.mode == "episodes":
             result = await episodes(door, args.workers, args.warmup, args.duration)
+        elif args.mode == "creations":
+            result = await creations(door, args.count, args.pause)
         elif args.mode == "sessions":
             result = await sessions(door, args.workers, args.count)
         else:
@@ -164,11 +181,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.load")
     parser.add_argument("--door", choices=DOOR_KINDS, required=True)
     parser.add_argument("--target", required=True, help="http://127.0.0.1:PORT or 127.0.0.1:PORT")
-    parser.add_argument("--mode", choices=["episodes", "sessions", "image"], required=True)
+    parser.add_argument("--mode", choices=["episodes", "creations", "sessions", "image"], required=True)
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--pause", type=float, default=0.1, help="seconds between episodes (--mode creations)")
     return parser.parse_args(argv)
 
 

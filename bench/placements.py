@@ -42,6 +42,11 @@ WORKLOADS: dict[str, str] = {
     "cpu-async": "bench.cpu_env:AsyncCpuEnv",
 }
 MIB = 1024 * 1024
+#: The workload whose rows also measure a creation with the pool warm: episodes one at a time,
+#: each `PACED_PAUSE_S` after the last (issue 29's creation target is taken that way).
+PACED_WORKLOAD = "trivial"
+PACED_CREATIONS = 40
+PACED_PAUSE_S = 0.1
 
 
 @dataclass
@@ -51,6 +56,8 @@ class Row:
     load: dict | None = None
     #: serve's one-line error when it rejected the row's arguments.
     unavailable: str | None = None
+    #: `bench.load --mode creations`: creations one at a time, the pool warm (PACED_WORKLOAD only).
+    paced: dict | None = None
     #: USS in bytes of each process under the server, half-way through.
     child_uss: list[int] = field(default_factory=list)
     rounds: list[float] = field(default_factory=list)
@@ -140,6 +147,8 @@ def measure(workload: str, placement: str, serve_args: tuple[str, ...], args: ar
             row.child_uss = [uss for uss in map(uss_bytes, descendants(pid)) if uss is not None]
             row.load = load.result()
         row.load["server_cpu"] = (tree_cpu_seconds(pid) - cpu_before) / (time.perf_counter() - wall_before)
+        if workload == PACED_WORKLOAD:
+            row.paced = run_load("grpc", target, "creations", 120, count=PACED_CREATIONS, pause=PACED_PAUSE_S)
     return row
 
 
@@ -195,11 +204,27 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
               f" {len(row.child_uss):>5} {uss:>12}")
         if load["first_error"]:
             print(f"{'':<31} first error: {load['first_error']}")
+    print_paced(rows)
     if args.rounds > 1:
         print(f"episodes/s in each of {args.rounds} rounds (rows above: each row's median round):")
         for row in rows:
             if row.rounds:
                 print(f"{row.workload:<10} {row.placement:<20} " + "  ".join(f"{eps:.1f}" for eps in row.rounds))
+
+
+def print_paced(rows: list[Row]) -> None:
+    paced = [row for row in rows if row.paced]
+    if not paced:
+        return
+    print(f"\n## Creation with the pool warm: {PACED_WORKLOAD}, {PACED_CREATIONS} episodes one at a time,"
+          f" {PACED_PAUSE_S:g} s apart (in the round shown above)")
+    print(f"{'serve args':<20} {'create p50':>10} {'create p99':>10} {'p50 over in-proc':>16} {'errors':>6}")
+    base = next((row.paced["creates"]["p50"] for row in paced if row.placement == "in-process"), None)
+    for row in paced:
+        creates = row.paced["creates"]
+        over = f"{fmt_ms(creates['p50'] - base)}" if base is not None else ""
+        print(f"{row.placement:<20} {fmt_ms(creates['p50']):>10} {fmt_ms(creates['p99']):>10} {over:>16}"
+              f" {row.paced['errors']:>6}")
 
 
 def run(args: argparse.Namespace) -> int:
