@@ -154,6 +154,13 @@ async def grpc_call(stub: pb_grpc.EnvironmentServiceStub, sid: str, name: str, t
     return [event async for event in stub.CallTool(request, metadata=(("x-session-id", sid),))]
 
 
+async def grpc_pid(stub: pb_grpc.EnvironmentServiceStub, sid: str, tool: str = "pid") -> int:
+    """The pid a worker probe tool reports (tests/support/worker_environments): `pid`, the episode's
+    process, or `importer_pid`, the process that imported its module."""
+    events = await grpc_call(stub, sid, tool)
+    return json.loads(events[-1].result.output.metadata.json)["pid"]
+
+
 async def grpc_stats(stub: pb_grpc.EnvironmentServiceStub, sid: str) -> dict:
     events = await grpc_call(stub, sid, "stats")
     return json.loads(events[-1].result.output.metadata.json)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import re
 import signal
@@ -18,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
-from tests.support.reliability_helpers import eventually, grpc_call, grpc_episode, grpc_stub, open_sessions
+from tests.support.reliability_helpers import eventually, grpc_call, grpc_episode, grpc_pid, grpc_stub, open_sessions
 from tests.support.processes import descendants, parent_of, process_gone
 from tests.support.servers import start_serve
 from tests.support.worker_environments import POISON_VARIABLE
@@ -28,12 +27,6 @@ pytestmark = pytest.mark.timeout(120)
 WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
 #: The traceback's last line of a process that could not import the poisoned environments.
 POISONED = "RuntimeError: poisoned: this worker cannot start"
-
-
-async def grpc_pid(stub, sid: str, tool: str = "pid") -> int:
-    """The pid a probe tool reports: `pid` (the episode's process) or `importer_pid` (who imported its module)."""
-    events = await grpc_call(stub, sid, tool)
-    return json.loads(events[-1].result.output.metadata.json)["pid"]
 
 
 async def refuses_prompts(stub, sid: str) -> bool:

@@ -4,7 +4,6 @@ Faults (crashes, kills, timeouts, memory, crash loops) are in `test_worker_fault
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from ors_grpc._runtime.workers.hop import Hello, recv_frame
 from ors_grpc.protocol.constants import STATUS_DETAILS_METADATA_KEY
 from tests.support.bridge_http import read_sse
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE
-from tests.support.reliability_helpers import grpc_call, grpc_episode, grpc_stats, grpc_stub, http_episode
+from tests.support.reliability_helpers import grpc_call, grpc_episode, grpc_pid, grpc_stats, grpc_stub, http_episode
 from tests.support.servers import ROOT, start_serve
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,11 +34,6 @@ WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
 def serve_workers(count: str, marker_dir: Path | None = None):
     env = {MARKER_DIR_VARIABLE: str(marker_dir)} if marker_dir else None
     return start_serve(WORKER_PROBE, "--http-port", "0", "--workers", count, env=env)
-
-
-async def grpc_pid(stub, sid: str) -> int:
-    events = await grpc_call(stub, sid, "pid")
-    return json.loads(events[-1].result.output.metadata.json)["pid"]
 
 
 async def http_call(http: aiohttp.ClientSession, sid: str, name: str) -> dict:

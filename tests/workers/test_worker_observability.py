@@ -5,7 +5,6 @@ in a worker nest under the server's, and a worker's log lines name it."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -18,7 +17,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc.protocol.errors import CRASH_CAUSE_EXITED, CRASH_CAUSE_SIGNAL, CRASH_CAUSES
 from tests.support.metrics_scrape import Samples, announced_metrics_url, scrape, value
 from tests.support.otlp_collector import otlp_collector
-from tests.support.reliability_helpers import WAIT_S, grpc_call, grpc_episode, grpc_stub
+from tests.support.reliability_helpers import WAIT_S, grpc_call, grpc_episode, grpc_pid, grpc_stub
 from tests.support.servers import start_serve
 from tests.support.worker_environments import PID_ATTRIBUTE
 
@@ -28,11 +27,6 @@ WORKER_PROBE = "tests.support.worker_environments:WorkerProbeEnv"
 ENV_NAME = "workerprobeenv"
 #: The two ways of running environments' code apart from the server.
 MODES = {"workers": ("--workers", "1"), "episode-isolation": ("--isolation", "episode", "--workers", "1")}
-
-
-async def grpc_pid(stub, sid: str) -> int:
-    events = await grpc_call(stub, sid, "pid")
-    return json.loads(events[-1].result.output.metadata.json)["pid"]
 
 
 def by_worker(samples: Samples, name: str) -> dict[str, float]:
