@@ -257,6 +257,9 @@ def run(socket_path: str, worker_id: int, parent_pid: int) -> NoReturn:
     die_with_parent(parent_pid)
     user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
+    # The stdlib loop, not uvloop (which the server runs on): the stall limit kills a worker whose loop
+    # one callback holds, and only the stdlib loop runs each callback in a Python frame of its own
+    # (`loop_monitor.held_s`); uvloop would save about a third of a worker's CPU per call.
     asyncio.run(serve(socket_path, worker_id))
     _exit()  # sync code still running in threads must not keep a worker alive after its server
 
