@@ -24,6 +24,8 @@ import logging
 import math
 import os
 import sys
+import textwrap
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable, NoReturn, Sequence
 
 # gRPC's fork handlers (on by default in the C core) cannot serve a grpc.aio
@@ -56,6 +58,37 @@ DEFAULT_LOG_LEVEL = "INFO"
 DEFAULT_BRIDGE_HTTP_PORT = 8080
 
 logger = logging.getLogger("ors_grpc.cli")
+
+
+#: Entry points that serve another ecosystem's environments: `ors-grpc serve NAME:TEXT` calls
+#: the one named NAME with TEXT and serves the Environment classes it returns (ors_grpc/adapters).
+ENVIRONMENT_SOURCES_GROUP = "ors_grpc.environment_sources"
+
+
+def environment_sources() -> dict[str, EntryPoint]:
+    """The installed environment sources (`reasoning-gym`, `openenv`, ...) by name."""
+    return {entry.name: entry for entry in entry_points(group=ENVIRONMENT_SOURCES_GROUP)}
+
+
+def load_environments(spec: str) -> list[type]:
+    """The Environment classes `spec` names: `SOURCE:TEXT` of an installed environment
+    source (its extra installed), else one `module.path:ClassName`."""
+    source_name, sep, text = spec.partition(":")
+    source = environment_sources().get(source_name) if sep else None
+    if source is None:
+        return [load_environment(spec)]
+    try:
+        make = source.load()
+    except ImportError as exc:
+        raise StartupError(f"{source_name}: {exc} (install the extra: pip install 'ors-grpc[{source_name}]')") from None
+    try:
+        found = list(make(text))
+    except (ValueError, TypeError, LookupError, OSError) as exc:
+        raise StartupError(f"{spec}: {exc}") from None
+    for cls in found:
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise StartupError(f"{spec}: the {source_name} source gave {cls!r}, not an ors_grpc.Environment")
+    return found
 
 
 def load_environment(spec: str) -> type:
@@ -177,11 +210,13 @@ def _parser() -> argparse.ArgumentParser:
     }
 
     serve = commands.add_parser(
-        "serve", help="serve environments over gRPC (and HTTP with --http-port)", formatter_class=formatter,
+        "serve", help="serve environments over gRPC (and HTTP with --http-port)", formatter_class=_ServeHelpFormatter,
         description="Serve environments over gRPC, and the ORS HTTP/SSE API with --http-port.",
+        epilog=_sources_epilog(),
     )
     serve.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
-                       help="module.path:ClassName of an environment to serve; the first is the default one "
+                       help="module.path:ClassName of an environment to serve, or SOURCE:SPEC of another "
+                       "ecosystem's environments (see below); the first is the default one "
                        f"(default: {DEFAULT_ENVIRONMENT})")
     serve.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
     serve.add_argument("--port", "--grpc-port", dest="port", type=_port, default=50051, metavar="PORT",
@@ -276,6 +311,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: How each environment source of ors_grpc/adapters reads its SPEC (`serve --help`; docs/ecosystems.md).
+SOURCE_SYNTAX = {
+    "reasoning-gym": ("reasoning-gym:DATASET[+DATASET...][,...][?split=NAME:SIZE:SEED&...&PARAM=VALUE...]",
+                      "reasoning-gym datasets: one environment per comma, `+` mixes datasets into one, PARAMs "
+                      "configure them (difficulty); e.g. reasoning-gym:leg_counting,basic_arithmetic?split=train:1000:0"),
+    "openenv": ("openenv:MODULE:CLASS[?...] | openenv:URL[?...]",
+                "an OpenEnv Environment (or MCPEnvironment) class hosted here, or a running OpenEnv server fronted; "
+                "options split=NAME:SIZE:SEED (repeatable), name=NAME"),
+}
+
+
+def _sources_epilog() -> str:
+    lines = ["environment sources, each with the extra of its name (pip install 'ors-grpc[NAME]'; docs/ecosystems.md):"]
+    for name in sorted(environment_sources()):
+        usage, explanation = SOURCE_SYNTAX.get(name, (f"{name}:SPEC", "a source another package installed"))
+        lines += [f"  {usage}", *textwrap.wrap(explanation, 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                               break_on_hyphens=False)]
+    return "\n".join(lines)
+
+
+class _ServeHelpFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormatter):
+    """`_HelpFormatter`, with the epilog's lines kept as they are."""
+
+
 def _add_http_limits(parser: argparse.ArgumentParser) -> None:
     """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
     defaults = serving.HttpLimits()
@@ -316,7 +375,7 @@ def _http_limits(args: argparse.Namespace) -> serving.HttpLimits:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    environments = [load_environment(spec) for spec in args.environments or [DEFAULT_ENVIRONMENT]]
+    environments = [cls for spec in args.environments or [DEFAULT_ENVIRONMENT] for cls in load_environments(spec)]
     config = ServerConfig(
         session_timeout_s=args.session_timeout,
         max_message_bytes=args.max_message_bytes,
