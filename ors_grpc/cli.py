@@ -83,7 +83,7 @@ def load_environments(spec: str) -> list[type]:
         raise StartupError(f"{source_name}: {exc} (install the extra: pip install 'ors-grpc[{source_name}]')") from None
     try:
         found = list(make(text))
-    except (ValueError, TypeError, LookupError, OSError) as exc:
+    except (ValueError, TypeError, LookupError, OSError, ImportError) as exc:
         raise StartupError(f"{spec}: {exc}") from None
     for cls in found:
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
