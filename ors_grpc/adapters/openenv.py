@@ -34,7 +34,8 @@ from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
 from openenv.core.env_server.types import Action
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.utils import run_async_safely
-from pydantic import BaseModel, ConfigDict
+import jsonschema
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ors_grpc.adapters._sources import (
     SeededSplit,
@@ -192,6 +193,23 @@ class _Arguments(BaseModel):
     """An MCP tool's arguments, checked by the tool itself (its schema is the tool's)."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def _checked_against(schema: dict[str, Any]) -> type[BaseModel]:
+    """An input model that takes what `schema` (a fronted server's action schema) accepts:
+    an action it refuses is refused here (input_validation), before it travels."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+
+    class Action(_Arguments):
+        @model_validator(mode="before")
+        @classmethod
+        def _fits_the_schema(cls, data: Any) -> Any:
+            problems = sorted(error.message for error in validator.iter_errors(data))
+            if problems:
+                raise ValueError("; ".join(problems))
+            return data
+
+    return Action
 
 
 class _Session:
@@ -458,8 +476,7 @@ def _fronted(recipe: dict[str, Any]) -> dict[str, Any]:
         schema = _get_json(f"{http}/schema")["action"]
         attributes["tool_table"] = ((STEP_TOOL, schema.get("description") or f"Take one step of {name}.",
                                      schema, False),)
-        # The server checks the action against its type.
-        attributes["action_class"] = _Arguments
+        attributes["action_class"] = _checked_against(schema)
     return attributes
 
 
