@@ -23,11 +23,15 @@ from typing import Any
 from bench.stats import latency_summary
 
 
-#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP.
-DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp")
+#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP;
+#: and other ecosystems' environments (bench/ecosystem_doors.py).
+DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp", "rg-http", "rg-grpc", "openenv-direct", "openenv-grpc")
 
 
 def make_door(kind: str, target: str):
+    if kind.startswith(("rg-", "openenv-")):
+        from bench.ecosystem_doors import DOORS
+        return DOORS[kind](target)
     if kind == "http":
         from bench.http_door import HttpDoor
         return HttpDoor(target)

@@ -3,8 +3,8 @@ loopback port: what `openenv:URL` fronts, in the benchmark and in the tests.
 
     python -m bench.openenv_server MODULE:ENV MODULE:ACTION MODULE:OBSERVATION [--max-concurrent N]
 
-prints `OpenEnv listening on 127.0.0.1:PORT` once it accepts connections and serves
-until SIGINT or SIGTERM."""
+prints `HTTP listening on 127.0.0.1:PORT` (as `ors-grpc serve` announces a door) once
+it accepts connections, and serves until SIGINT or SIGTERM."""
 
 import argparse
 import asyncio
@@ -16,7 +16,7 @@ import uvicorn
 from openenv.core.env_server import create_app
 
 #: What the server prints once it listens (the port follows).
-LISTENING = "OpenEnv listening on 127.0.0.1:"
+LISTENING = "HTTP listening on 127.0.0.1:"
 
 
 def load(path: str) -> object:

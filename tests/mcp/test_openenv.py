@@ -52,7 +52,7 @@ def openenv_server(env: str, action: str, observation: str) -> Iterator[str]:
         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         line = process.stdout.readline()
-        assert line.startswith("OpenEnv listening on "), f"OpenEnv's server did not start: {line!r}"
+        assert line.startswith("HTTP listening on "), f"OpenEnv's server did not start: {line!r}"
         yield "http://" + line.split()[-1]
     finally:
         process.terminate()
