@@ -190,3 +190,15 @@ def test_a_running_openenv_server_fronted_by_url_plays_as_its_own_client_sees_it
 
 async def test_a_fronted_mcp_environments_tools_are_the_episodes_tools(fronted: ServeProcess) -> None:
     await play_calculator(fronted, "remote-calculator")
+
+
+def test_the_benchmark_fronts_and_hosts_an_openenv_server_without_errors() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--ecosystems", "--workers", "2", "--warmup", "0", "--duration", "0.5",
+         "--rounds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout.split("## Other ecosystems")[1].splitlines()[2:7]
+    rows = {line[:20].strip(): line[20:].split() for line in table}
+    for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv hosted", "reasoning-gym gRPC"):
+        assert float(rows[label][0]) > 0 and rows[label][5] == "0", done.stdout
+    assert "first error" not in done.stdout and "fronting cost: " in done.stdout, done.stdout
