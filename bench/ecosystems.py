@@ -24,14 +24,17 @@ from bench.stats import fmt_ms
 
 OPENENV_CLASSES = ("bench.openenv_env:CountEnvironment", "bench.openenv_env:CountAction",
                    "bench.openenv_env:CountObservation")
-#: The row the fronting cost is measured against, and the row it is.
+#: The rows the fronting cost is read from: direct and fronted, under load and one episode at a time.
 DIRECT, FRONTED = "OpenEnv direct", "OpenEnv fronted"
+DIRECT_ONE, FRONTED_ONE = "OpenEnv direct, 1", "OpenEnv fronted, 1"
 
 
 @dataclass
 class Row:
     label: str
     how: str
+    #: Closed-loop workers (None: --workers).
+    workers: int | None = None
     loads: list[dict] = field(default_factory=list)
     skipped: str | None = None
 
@@ -58,7 +61,7 @@ def _measure(row: Row, door: str, servers: list[tuple[ServerProcess, set[str]]],
             server.start(ports)
             started.append(server)
         timeout = args.warmup + args.duration + 120
-        row.loads.append(run_load(door, target_of(started), "episodes", timeout, workers=args.workers,
+        row.loads.append(run_load(door, target_of(started), "episodes", timeout, workers=row.workers or args.workers,
                                   warmup=args.warmup, duration=args.duration))
     except RuntimeError as exc:
         row.skipped = str(exc).splitlines()[0][:200]
@@ -75,6 +78,8 @@ def _round(rows: dict[str, Row], args: argparse.Namespace) -> None:
         "reasoning-gym gRPC": ("rg-grpc", lambda: [(ours_server(False, REASONING_GYM_SPEC), {"gRPC"})], grpc),
         DIRECT: ("openenv-direct", lambda: [(openenv_server(), {"HTTP"})], http),
         FRONTED: ("openenv-grpc", None, grpc),
+        DIRECT_ONE: ("openenv-direct", lambda: [(openenv_server(), {"HTTP"})], http),
+        FRONTED_ONE: ("openenv-grpc", None, grpc),
         "OpenEnv hosted": ("openenv-grpc", lambda: [(ours_server(False, f"openenv:{OPENENV_CLASSES[0]}"), {"gRPC"})],
                            grpc),
     }
@@ -104,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         "reasoning-gym gRPC": Row("reasoning-gym gRPC", "serve reasoning-gym:leg_counting, ors_grpc.client"),
         DIRECT: Row(DIRECT, "OpenEnv's server, OpenEnv's GenericEnvClient (WebSocket)"),
         FRONTED: Row(FRONTED, "serve openenv:URL of that server, ors_grpc.client"),
+        DIRECT_ONE: Row(DIRECT_ONE, "the same, one episode at a time", workers=1),
+        FRONTED_ONE: Row(FRONTED_ONE, "the same, one episode at a time", workers=1),
         "OpenEnv hosted": Row("OpenEnv hosted", "serve openenv:bench.openenv_env:CountEnvironment, ors_grpc.client"),
     }
     for extra, module, labels in [("reasoning-gym", "reasoning_gym", list(rows)[:2]),
@@ -127,12 +134,15 @@ def run(args: argparse.Namespace) -> int:
               f" {fmt_ms(load['creates']['p50']):>10} {load['errors']:>6}  {row.how}")
         if load["first_error"]:
             print(f"{'':<20} first error: {load['first_error']}")
-    direct, fronted = rows[DIRECT], rows[FRONTED]
-    if direct.loads and fronted.loads and direct.load["episodes"] and not (direct.skipped or fronted.skipped):
+    for direct_label, fronted_label in [(DIRECT, FRONTED), (DIRECT_ONE, FRONTED_ONE)]:
+        direct, fronted = rows[direct_label], rows[fronted_label]
+        if not (direct.loads and fronted.loads and direct.load["episodes"]) or direct.skipped or fronted.skipped:
+            continue
         ratio = fronted.episodes_per_second / direct.episodes_per_second
         added = fronted.load["tool_calls"]["p50"] - direct.load["tool_calls"]["p50"]
-        print(f"fronting cost: {ratio:.2f}x the direct episodes/s, {fmt_ms(added)} ms more per step (p50);"
-              f" per round: " + ", ".join(
+        workers = fronted.workers or args.workers
+        print(f"fronting cost ({workers} worker{'s' if workers != 1 else ''}): {ratio:.2f}x the direct episodes/s,"
+              f" {fmt_ms(added)} ms more per step (p50); per round: " + ", ".join(
                   f"{f['episodes'] / max(1, d['episodes']):.2f}x" for d, f in zip(direct.loads, fronted.loads)))
     return 0 if all(not row.loads or statistics.median([load["errors"] for load in row.loads]) == 0
                     for row in rows.values()) else 1

@@ -1,22 +1,15 @@
-"""What the adapters share: the `NAMES?OPTIONS` text of a source spec, splits of
-a size and a seed, and the import name a worker process rebuilds a generated
-class from."""
+"""How an adapter reads its `ors-grpc serve SOURCE:SPEC`: `TARGET?OPTIONS`, and
+splits of a size and a seed."""
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import parse_qsl
 
-__all__ = [
-    "SeededSplit", "SourceSpec", "check_splits", "class_import_name", "parse_source_spec", "recipe_of_import_name",
-]
-
-#: The start of every generated class's import name (the rest is its recipe).
-_RECIPE_PREFIX = "recipe_"
+__all__ = ["SeededSplit", "SourceSpec", "check_splits", "parse_source_spec"]
 
 
 @dataclass(frozen=True)
@@ -93,24 +86,3 @@ def _option_value(text: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return text
     return value
-
-
-def class_import_name(recipe: dict[str, Any]) -> str:
-    """The attribute name under which an adapter module rebuilds the class of
-    `recipe` (its module `__getattr__`), so that a worker process imports it
-    as `module:name` like any class: `recipe_` and the recipe's JSON in
-    URL-safe base64 (no dots: the worker splits the name at them)."""
-    text = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
-    return _RECIPE_PREFIX + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-
-def recipe_of_import_name(name: str) -> dict[str, Any] | None:
-    """The recipe `class_import_name` made `name` from, or None for another name."""
-    if not name.startswith(_RECIPE_PREFIX):
-        return None
-    encoded = name[len(_RECIPE_PREFIX):]
-    try:
-        return json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
-    except ValueError:
-        return None
-

@@ -37,13 +37,8 @@ from openenv.core.utils import run_async_safely
 import jsonschema
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ors_grpc.adapters._sources import (
-    SeededSplit,
-    check_splits,
-    class_import_name,
-    parse_source_spec,
-    recipe_of_import_name,
-)
+from ors_grpc.adapters._generated import GeneratedEnvironment, generated_class, rebuilt_class
+from ors_grpc.adapters._sources import SeededSplit, check_splits, parse_source_spec
 from ors_grpc.authoring.environment import Environment, tool
 from ors_grpc.authoring.types import ImageBlock, JSONObject, ListToolsOutput, TextBlock, ToolOutput, ToolSpec
 
@@ -98,10 +93,7 @@ def environments_from_spec(text: str) -> list[type[Environment]]:
 
 def __getattr__(name: str) -> Any:
     """A generated environment class, rebuilt from its import name (in a worker process)."""
-    recipe = recipe_of_import_name(name)
-    if recipe is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _environment_class(json.dumps(recipe, sort_keys=True))
+    return rebuilt_class(__name__, name, _environment_class)
 
 
 # --- observations -------------------------------------------------------------
@@ -270,6 +262,8 @@ class _RemoteSession(_Session):
 
     def __init__(self, url: str) -> None:
         self.client = GenericEnvClient(base_url=url, message_timeout_s=REMOTE_MESSAGE_TIMEOUT_S)
+        # One message at a time: the client reads the answer to what it sent next off the socket.
+        self.turn = asyncio.Lock()
 
     async def reset(self, arguments: dict[str, Any]) -> _Step:
         await self.client.connect()
@@ -277,7 +271,8 @@ class _RemoteSession(_Session):
 
     async def step(self, action: BaseModel | dict[str, Any]) -> _Step:
         payload = action if isinstance(action, dict) else action.model_dump(mode="json")
-        return self._step(await self.client.step(payload))
+        async with self.turn:
+            return self._step(await self.client.step(payload))
 
     @staticmethod
     def _step(result: Any) -> _Step:
@@ -297,11 +292,9 @@ def _accepted(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> dict[str,
 
 # --- the environment -------------------------------------------------------------
 
-class _OpenEnvEnvironment(Environment):
+class _OpenEnvEnvironment(GeneratedEnvironment):
     """One OpenEnv session per episode; the generated subclasses add the tools."""
 
-    #: Set on each generated class.
-    recipe: dict[str, Any] = {}
     #: The class's tools: (name, description, input schema, is an MCP tool).
     tool_table: tuple[tuple[str, str, Any, bool], ...] = ()
     #: Whether episodes of this class may overlap in one process (OpenEnv's SUPPORTS_CONCURRENT_SESSIONS).
@@ -320,35 +313,8 @@ class _OpenEnvEnvironment(Environment):
         self._holds_turn = False
 
     @classmethod
-    def name(cls) -> str:
-        return cls.recipe["name"]
-
-    @classmethod
-    def list_splits(cls) -> list[str]:
-        return [name for name, _, _ in cls.recipe["splits"]]
-
-    @classmethod
-    def list_tasks(cls, split: str) -> list[JSONObject]:
-        _, size, seed = cls._split(split)
-        return [{"seed": seed + index} for index in range(size)]
-
-    @classmethod
-    async def num_tasks(cls, split: str) -> int:
-        return cls._split(split)[1]
-
-    @classmethod
-    async def get_task(cls, split: str, index: int) -> JSONObject:
-        _, size, seed = cls._split(split)
-        if not 0 <= index < size:
-            raise IndexError(index)
+    def task(cls, index: int, size: int, seed: int) -> JSONObject:
         return {"seed": seed + index}
-
-    @classmethod
-    def _split(cls, split: str) -> list[Any]:
-        for entry in cls.recipe["splits"]:
-            if entry[0] == split:
-                return entry
-        raise ValueError(f"unknown split {split!r}; splits: {cls.list_splits()}")
 
     @classmethod
     @functools.cache
@@ -426,11 +392,8 @@ def _environment_class(recipe_json: str) -> type[Environment]:
         raise ValueError(f"{recipe['target']}: tools named like ORS environment methods cannot be served: {clashes}")
     for name, _, _, is_mcp in table:
         attributes[name] = _mcp_tool(name) if is_mcp else _step_tool(attributes["action_class"])
-    import_name = class_import_name(recipe)
-    attributes.update({"recipe": {**recipe, "name": attributes.pop("env_name")}, "__module__": __name__,
-                       "__qualname__": import_name,
-                       "__doc__": f"OpenEnv: {recipe['target']}"})
-    return type(import_name, (_OpenEnvEnvironment,), attributes)
+    return generated_class(_OpenEnvEnvironment, recipe, __name__, f"OpenEnv: {recipe['target']}",
+                           name=attributes.pop("env_name"), **attributes)
 
 
 def _hosted(recipe: dict[str, Any]) -> dict[str, Any]:

@@ -22,13 +22,8 @@ import reasoning_gym
 from pydantic import BaseModel, Field
 from reasoning_gym.composite import DatasetSpec
 
-from ors_grpc.adapters._sources import (
-    SeededSplit,
-    check_splits,
-    class_import_name,
-    parse_source_spec,
-    recipe_of_import_name,
-)
+from ors_grpc.adapters._generated import GeneratedEnvironment, generated_class, rebuilt_class
+from ors_grpc.adapters._sources import SeededSplit, check_splits, parse_source_spec
 from ors_grpc.authoring.environment import Environment, terminal, tool
 from ors_grpc.authoring.types import JSONObject, TextBlock, ToolOutput
 
@@ -84,10 +79,7 @@ def environments_from_spec(text: str) -> list[type[Environment]]:
 
 def __getattr__(name: str) -> Any:
     """A generated environment class, rebuilt from its import name (in a worker process)."""
-    recipe = recipe_of_import_name(name)
-    if recipe is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _environment_class(json.dumps(recipe, sort_keys=True))
+    return rebuilt_class(__name__, name, _environment_class)
 
 
 # --- the datasets --------------------------------------------------------------
@@ -121,11 +113,8 @@ def task_entry(task: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- the environment -----------------------------------------------------------
 
-class _ReasoningGymEnvironment(Environment):
+class _ReasoningGymEnvironment(GeneratedEnvironment):
     """One entry of a reasoning-gym dataset: its question, and `submit` scored by the dataset."""
-
-    #: Set on each generated class.
-    recipe: dict[str, Any] = {}
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec, secrets)
@@ -133,39 +122,9 @@ class _ReasoningGymEnvironment(Environment):
         self.entry, self.dataset = found["entry"], found["dataset"]
 
     @classmethod
-    def name(cls) -> str:
-        return cls.recipe["name"]
-
-    @classmethod
-    def list_splits(cls) -> list[str]:
-        return [name for name, _, _ in cls.recipe["splits"]]
-
-    @classmethod
-    def list_tasks(cls, split: str) -> list[JSONObject]:
-        return [cls._task(split, index) for index in range(cls._split(split)[1])]
-
-    @classmethod
-    async def num_tasks(cls, split: str) -> int:
-        return cls._split(split)[1]
-
-    @classmethod
-    async def get_task(cls, split: str, index: int) -> JSONObject:
-        if not 0 <= index < cls._split(split)[1]:
-            raise IndexError(index)
-        return cls._task(split, index)
-
-    @classmethod
-    def _split(cls, split: str) -> list[Any]:
-        for entry in cls.recipe["splits"]:
-            if entry[0] == split:
-                return entry
-        raise ValueError(f"unknown split {split!r}; splits: {cls.list_splits()}")
-
-    @classmethod
-    def _task(cls, split: str, index: int) -> JSONObject:
-        """Task `index` of `split`: the entry's own dataset, seed, size and index (for a
-        mix, those of the dataset the mix drew it from)."""
-        _, size, seed = cls._split(split)
+    def task(cls, index: int, size: int, seed: int) -> JSONObject:
+        """The entry's own dataset, seed, size and index (for a mix, those of the dataset
+        the mix drew it from)."""
         parts = cls.recipe["parts"]
         if len(parts) == 1:
             dataset, _, config = parts[0]
@@ -199,9 +158,4 @@ def _environment_class(recipe_json: str) -> type[Environment]:
             _dataset(dataset, _canonical(config), 0, 1)
         except (TypeError, ValueError, AssertionError) as exc:
             raise ValueError(f"reasoning-gym dataset {dataset!r} with configuration {config}: {exc}") from None
-    import_name = class_import_name(recipe)
-    cls = type(import_name, (_ReasoningGymEnvironment,), {
-        "recipe": recipe, "__module__": __name__, "__qualname__": import_name,
-        "__doc__": f"reasoning-gym: {recipe['name']}",
-    })
-    return cls
+    return generated_class(_ReasoningGymEnvironment, recipe, __name__, f"reasoning-gym: {recipe['name']}")

@@ -105,9 +105,9 @@ def test_bench_ecosystems_mode_runs_reasoning_gym_through_both_doors_briefly():
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line[:20].strip(): line[20:].split() for line in done.stdout.split("## Other ecosystems")[1].splitlines()[2:7]}
+    rows = {line[:20].strip(): line[20:].split() for line in done.stdout.split("## Other ecosystems")[1].splitlines()[2:9]}
     for label in ("reasoning-gym HTTP", "reasoning-gym gRPC"):
         assert float(rows[label][0]) > 0 and rows[label][5] == "0", done.stdout
     assert "first error" not in done.stdout, done.stdout
-    for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv hosted"):
+    for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv direct, 1", "OpenEnv fronted, 1", "OpenEnv hosted"):
         assert rows[label][0] == "skipped:" and "ors-grpc[openenv]" in " ".join(rows[label]), done.stdout

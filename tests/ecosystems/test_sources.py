@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from ors_grpc.adapters._sources import SeededSplit, class_import_name, parse_source_spec, recipe_of_import_name
+from ors_grpc.adapters._generated import class_import_name, recipe_of_import_name
+from ors_grpc.adapters._sources import SeededSplit, parse_source_spec
 from tests.support.servers import ROOT
 
 

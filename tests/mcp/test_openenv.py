@@ -197,8 +197,10 @@ def test_the_benchmark_fronts_and_hosts_an_openenv_server_without_errors() -> No
         [sys.executable, "-m", "bench", "--ecosystems", "--workers", "2", "--warmup", "0", "--duration", "0.5",
          "--rounds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    table = done.stdout.split("## Other ecosystems")[1].splitlines()[2:7]
+    table = done.stdout.split("## Other ecosystems")[1].splitlines()[2:9]
     rows = {line[:20].strip(): line[20:].split() for line in table}
-    for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv hosted", "reasoning-gym gRPC"):
+    for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv direct, 1", "OpenEnv fronted, 1", "OpenEnv hosted",
+                  "reasoning-gym gRPC"):
         assert float(rows[label][0]) > 0 and rows[label][5] == "0", done.stdout
-    assert "first error" not in done.stdout and "fronting cost: " in done.stdout, done.stdout
+    assert "first error" not in done.stdout, done.stdout
+    assert "fronting cost (2 workers): " in done.stdout and "fronting cost (1 worker): " in done.stdout, done.stdout
