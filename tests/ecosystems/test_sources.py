@@ -59,3 +59,12 @@ def test_a_spec_with_an_unknown_source_is_a_module_path() -> None:
     done = subprocess.run([sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", "no-such-source:Thing"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "cannot import 'no-such-source'" in done.stderr, done.stderr
+
+
+def test_serve_help_lists_the_installed_sources_and_their_syntax() -> None:
+    done = subprocess.run([sys.executable, "-m", "ors_grpc.cli", "serve", "--help"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    sources = done.stdout.split("environment sources, each with the extra of its name")[1]
+    assert "\n  reasoning-gym:DATASET[+DATASET...][,...][?split=NAME:SIZE:SEED&...&PARAM=VALUE...]\n" in sources
+    assert "\n  openenv:MODULE:CLASS[?...] | openenv:URL[?...]\n" in sources
