@@ -192,6 +192,11 @@ async def test_a_fronted_mcp_environments_tools_are_the_episodes_tools(fronted: 
     await play_calculator(fronted, "remote-calculator")
 
 
+def test_a_fronted_server_plays_from_worker_processes_too(guess_url: str) -> None:
+    with start_serve(f"openenv:{guess_url}?split=train:6:0&split=test:3:100", "--workers", "2") as serve:
+        play_guessing_game(serve.grpc_target)
+
+
 def test_the_benchmark_fronts_and_hosts_an_openenv_server_without_errors() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--ecosystems", "--workers", "2", "--warmup", "0", "--duration", "0.5",
