@@ -9,6 +9,7 @@ it accepts connections, and serves until SIGINT or SIGTERM."""
 import argparse
 import asyncio
 import importlib
+import os
 import socket
 import sys
 
@@ -33,6 +34,8 @@ async def serve(args: argparse.Namespace) -> None:
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     print(LISTENING + str(sock.getsockname()[1]), flush=True)
+    # Nobody need read on after this line (a test's pipe): nothing more to stdout.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     await task
 
 

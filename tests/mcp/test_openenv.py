@@ -10,7 +10,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from typing import Any, Iterator
@@ -25,7 +24,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.adapters.openenv import observation_blocks
 from ors_grpc.client import AsyncORSClient, ORSClient, ToolCallError
 from tests.support.openenv_environments import CALCULATOR_ANSWER, PIXEL, GuessAction, secret_of
-from tests.support.servers import ROOT, ServeProcess, start_serve
+from tests.support.servers import ROOT, ServeProcess, start_script_server, start_serve
 
 SUPPORT = "tests.support.openenv_environments"
 HOSTED = (f"openenv:{SUPPORT}:GuessEnvironment?split=train:6:0&split=test:3:100",
@@ -44,19 +43,13 @@ def hosted(placement: str) -> Iterator[ServeProcess]:
         yield serve
 
 
-@contextlib.contextmanager
-def openenv_server(env: str, action: str, observation: str) -> Iterator[str]:
-    """OpenEnv's own server for `env` (bench/openenv_server.py); its URL."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.openenv_server", f"{SUPPORT}:{env}", action, observation],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("HTTP listening on "), f"OpenEnv's server did not start: {line!r}"
-        yield "http://" + line.split()[-1]
-    finally:
-        process.terminate()
-        process.wait(30)
+#: bench/openenv_server.py: OpenEnv's own server for a class, announcing its port as `serve` does.
+OPENENV_SERVER = "import sys; from bench.openenv_server import main; main(sys.argv[1:])"
+
+
+def openenv_server(env: str, action: str, observation: str) -> contextlib.AbstractContextManager[str]:
+    """OpenEnv's own server for `env`; its URL."""
+    return start_script_server(OPENENV_SERVER, f"{SUPPORT}:{env}", action, observation, name="OpenEnv's server")
 
 
 @pytest.fixture(scope="module")
