@@ -5,7 +5,7 @@ HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service
 through our Python client, ``ors_grpc.client``, RunEpisode streams that carry
 a worker's episodes one after another). ``bridge-threads`` and
 ``grpc-threads`` are the same with the environment's sync code pinned to
-worker threads (``sync_code_on_loop = False``); optionally ``bridge-on-loop``
+threads (``sync_code_on_loop = False``); optionally ``bridge-on-loop``
 and ``grpc-on-loop`` (pinned to the event loop, as the reference runs it) and
 ``grpc-raw`` (the gRPC service through the bare generated stubs, one RPC per
 step). Each door gets a fresh server process and a separate load-generator

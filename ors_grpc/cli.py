@@ -397,7 +397,7 @@ def _fastest_event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def _exit_despite_stuck_user_code() -> None:
-    """Exit now if synchronous user code still runs in worker threads.
+    """Exit now if synchronous user code still runs in threads.
 
     Every session is torn down by now; such a thread (a sync tool that
     ignores its episode's end) cannot be interrupted, and Python would wait

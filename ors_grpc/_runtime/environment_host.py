@@ -12,7 +12,7 @@ Everything the server asks of an environment's code goes through a host:
 The session table gets both from a `HostFactory`, and owns everything else
 (waiting, timeouts, errors as clients see them, records, metrics). The
 first implementation, `local_hosts`, runs the code in the server's own
-process, on its loop or in a worker thread (`user_code`); hosts in worker
+process, on its loop or in a thread (`user_code`); hosts in worker
 processes can take its place without the rest of the runtime changing.
 """
 

@@ -1,5 +1,5 @@
 """Hosts that run environments' code in the server's own process: on its
-event loop or in a worker thread, as `user_code.run_user_code` places each
+event loop or in a thread, as `user_code.run_user_code` places each
 function (the environment's `sync_code_on_loop`, else each function earns
 its place). The first implementation of `environment_host`.
 
@@ -48,7 +48,7 @@ class LocalEpisodeHost(EpisodeHost):
         self.env: Environment | None = None
         #: The episode's session toolset (attached by name at creation).
         self.toolset: Any = None
-        # True while a lifecycle step runs sync code in a worker thread, which cannot be interrupted.
+        # True while a lifecycle step runs sync code in a thread, which cannot be interrupted.
         self._in_thread = False
         self._setup_progress = _NOT_SET_UP
 

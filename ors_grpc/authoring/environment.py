@@ -9,7 +9,7 @@ turns (per-tool locks, the exclusive gate) is the service's business
 (`tool_calls`); the flags live on the tool functions. One
 difference, invisible to authors: synchronous user code (constructors,
 `setup`, `teardown`, `get_prompt`, tools) that turns out to be slow runs in a
-worker thread, so a slow episode does not stall the event loop that serves
+thread, so a slow episode does not stall the event loop that serves
 every other session (see `user_code`; an episode's own sync code still runs
 one call at a time, as under the reference).
 """
@@ -330,12 +330,12 @@ class Environment(ABC):
     toolsets: ClassVar[Sequence[type]] = ()
     #: Where this environment's synchronous code (constructor, setup, prompt,
     #: tools, task listing, teardown) runs. None (the default): each function
-    #: starts in a worker thread and moves to the event loop once its calls
+    #: starts in a thread and moves to the event loop once its calls
     #: prove quick (8 in a row within 2 ms each); a call over 2 ms on the
     #: loop sends it back to threads, for a trial twice as long (see
     #: `user_code`). True: always on the loop, as the reference
     #: SDK runs it (no thread round trip, but a slow call stalls every
-    #: session). False: always in a worker thread (set it when sync code
+    #: session). False: always in a thread (set it when sync code
     #: that is usually quick may block, e.g. waits on something the loop must
     #: do). Async code always runs on the loop.
     sync_code_on_loop: ClassVar[Optional[bool]] = None
