@@ -49,7 +49,6 @@ from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
     Heartbeat, Heartbeats, Hello, Ready, Setup, portable_error, read_frame, send_frame, write_frame,
 )
-from ors_grpc.authoring.types import RunToolOutput
 from ors_grpc.observability import tracing
 
 logger = logging.getLogger("ors_grpc.worker")
@@ -112,9 +111,7 @@ class _Episodes:
         if op == "setup":
             return await self._setup(eid, host)
         if op == "run_tool":
-            name, tool_input = rest
-            tool = host.resolve_tool(name)
-            return tool if isinstance(tool, RunToolOutput) else await host.run_tool(name, tool, tool_input)
+            return await host.run_tool(*rest)  # name, tool_input
         method = getattr(host, op)  # prompt, messages, task_tools, score_group
         return await method(*rest)
 
