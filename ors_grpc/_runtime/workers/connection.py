@@ -20,7 +20,7 @@ from ors_grpc.protocol.errors import (
 )
 
 if TYPE_CHECKING:
-    from ors_grpc._runtime.workers.hosts import WorkerEpisodeHost
+    from ors_grpc._runtime.environment_host import EpisodeHost
     from ors_grpc._runtime.workers.spawner import ProcessHandle
 
 __all__ = ["KILL_GRACE_S", "WORKER_STOP_WAIT_S", "WorkerConnection", "crash_error", "none_up"]
@@ -59,7 +59,7 @@ class WorkerConnection:
         #: Done once the handshake is (with WorkerStartupError when the start failed).
         self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: The episodes living here, by episode id.
-        self.hosts: dict[int, WorkerEpisodeHost] = {}
+        self.hosts: dict[int, EpisodeHost] = {}
         self.alive = True
         #: Stopped by the server (a planned end: not a crash).
         self.stopping = False
