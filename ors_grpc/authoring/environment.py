@@ -158,12 +158,21 @@ def tool_marks(env: Any, name: str, session_toolset: Any = None) -> Optional[Too
     read where `resolve_tool` would find it (the session's toolset, then the
     environment, then the toolsets it declares) without building anything;
     None when none of them declares such a tool."""
+    if inspect.isclass(env) and (session_toolset is None or inspect.isclass(session_toolset)):
+        return _class_tool_marks(env, name, session_toolset)  # classes' tools are fixed: read once
+    return _tool_marks(env, name, session_toolset)
+
+
+def _tool_marks(env: Any, name: str, session_toolset: Any) -> Optional[ToolMarks]:
     cls = env if inspect.isclass(env) else type(env)
     for owner in (session_toolset, env, *cls.toolsets):
         fn = getattr(owner, name, None) if owner is not None else None
         if fn is not None and Environment._is_tool(fn):
             return marks_of(fn)
     return None
+
+
+_class_tool_marks = functools.lru_cache(maxsize=4096)(_tool_marks)
 
 
 def _introspect_tool(fn: Callable[..., Any]) -> tuple[Any, dict, list]:
