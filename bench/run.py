@@ -181,6 +181,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="instead: this checkout's server against commit REV's (checked out into a temporary"
                              " git worktree), interleaved rounds of the bridge and gRPC doors (--doors, where"
                              " reference is also allowed), and the ratios (bench/against.py)")
+    parser.add_argument("--serve-args", default="", metavar="ARGS",
+                        help="more `serve` arguments for our servers (the doors' and --against's), e.g."
+                             " '--workers 2' to measure worker mode against another commit")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     parser.add_argument("--scaleout", action="store_true",
                         help="instead: the same workload against 1 and 2 backends behind nginx (bench/scaleout.py)")
