@@ -4,9 +4,9 @@ A client asks for an id, then creates its episode under it a moment later.
 Behind a proxy that routes an id to the backend that issued it (routed ids,
 `ors_grpc.protocol.routed_ids`), that creation can reach no other backend: if
 the backend began draining in between, refusing it would make the client's
-own retries (same id, same backend) fail too. So a draining server still
-creates an episode under an id it issued within the last `ttl_s` seconds;
-every other creation it refuses (DRAINING).
+own retries (same id, same backend) fail too. So a draining server, which
+issues no more ids, still creates an episode under an id it issued within
+`ttl_s` seconds before; every other creation it refuses (DRAINING).
 """
 
 from __future__ import annotations

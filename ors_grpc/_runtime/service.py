@@ -504,7 +504,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def CreateSessionId(self, request: Any, context: Any) -> pb.CreateSessionIdResponse:
-        sid = self._sessions.issued.new()
+        sid = self._sessions.issue_id()
         if self.route_address is not None:
             sid = routed_id(self.route_address, sid)
         return pb.CreateSessionIdResponse(session_id=sid)

@@ -103,9 +103,10 @@ class SessionTable:
         self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end, setup_timeout_s=warm_setup_timeout_s)
         #: Per-environment counters for the live view (GetServerStats).
         self.stats = ServerStats()
-        #: Set once the server drains: no new episode from then on (but under ids it has just issued).
+        #: Set once the server drains: no new episode or session id from then
+        #: on (but an episode under an id it issued just before: `issued_ids`).
         self.draining = False
-        #: The session ids CreateSessionId handed out, for a while.
+        #: The session ids CreateSessionId handed out, for a while (`issued_ids`).
         self.issued = IssuedIds()
         self._emptied: asyncio.Event | None = None
         #: The records of ended episodes, answered as long as finished results linger.
@@ -222,6 +223,12 @@ class SessionTable:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
         if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
             raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def issue_id(self) -> str:
+        """A new session id, remembered (`issued`); DRAINING once the server
+        drains: its client asks again, and a proxy sends it to another server."""
+        self._refuse_when_draining()
+        return self.issued.new()
 
     def _refuse_when_draining(self) -> None:
         if self.draining:
