@@ -35,7 +35,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
-from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, worker_count  # noqa: E402
+from ors_grpc._runtime.workers.placement import worker_count  # noqa: E402
+from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S  # noqa: E402
 from ors_grpc.authoring.environment import Environment  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -402,7 +403,7 @@ def _fastest_event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def _exit_despite_stuck_user_code() -> None:
-    """Exit now if synchronous user code still runs in worker threads.
+    """Exit now if synchronous user code still runs in user-code threads.
 
     Every session is torn down by now; such a thread (a sync tool that
     ignores its episode's end) cannot be interrupted, and Python would wait

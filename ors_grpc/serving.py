@@ -33,7 +33,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
 from ors_grpc._runtime.service import environment_map
-from ors_grpc._runtime.workers.supervisor import WorkerStartupError
+from ors_grpc._runtime.workers.startup import WorkerStartupError
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
