@@ -10,8 +10,9 @@ hands out session ids that name it (`--advertise-host 127.0.0.1`); Envoy
 gRPC listener and an HTTP listener, both routing such an id to the backend
 it names (stateful sessions) and hashing any other `x-session-id` (Maglev)
 (`envoy.yaml.template` beside this file, rendered into a scratch directory;
-the clusters' members in EDS files there, so backends can join and leave). Every port is picked free on 127.0.0.1. It prints every
-address, then runs until Ctrl-C or SIGTERM and stops everything. `--check`
+the clusters' members in EDS files there, so backends can join and leave).
+Every port is picked free on 127.0.0.1. It prints every address, then runs
+until Ctrl-C or SIGTERM and stops everything. `--check`
 runs episodes over both doors and both typed clients instead
 (deploy/envoy/check.py) and exits 0 when none was lost and no session split.
 
