@@ -202,14 +202,14 @@ async def closed_loop(door: Door, episode: Callable[[int], Awaitable[list[int]]]
 
 
 @dataclass
-class Drain:
+class DrainRecord:
     pid: int
     began: float
     seconds: float
     finished: bool  # `drain_finished` logged (not `drain_timed_out`)
 
 
-def drain(topology: EnvoyTopology, index: int, *, leave: bool = False) -> Drain:
+def drain(topology: EnvoyTopology, index: int, *, leave: bool = False) -> DrainRecord:
     backend = topology.backends[index]
     began = time.monotonic()
     if leave:
@@ -218,12 +218,12 @@ def drain(topology: EnvoyTopology, index: int, *, leave: bool = False) -> Drain:
         topology.drain_backend(index, DRAIN_TIMEOUT_S + 10)
     seconds = time.monotonic() - began
     log = backend.child.log_path.read_text(errors="replace")
-    return Drain(backend.pid, began, seconds, "drain_finished" in log and "drain_timed_out" not in log)
+    return DrainRecord(backend.pid, began, seconds, "drain_finished" in log and "drain_timed_out" not in log)
 
 
 async def test_a_rolling_restart_and_a_scale_up_and_down_under_load_lose_no_episode() -> None:
     doors = {name: Door() for name in DOORS}
-    drains: list[Drain] = []
+    drains: list[DrainRecord] = []
     refusals = Refusals()
     client_logger = logging.getLogger("ors_grpc.client")
     level = client_logger.level
@@ -278,6 +278,11 @@ async def test_a_rolling_restart_and_a_scale_up_and_down_under_load_lose_no_epis
           f" (Envoy's access log) {http_refused}, project clients after DRAINING {refusals.count}")
     print("drains: " + ", ".join(f"{d.seconds:.2f} s ({'ended with its episodes' if d.finished else 'TIMED OUT'})"
                                  for d in drains))
+    answered_by: dict[int, int] = defaultdict(int)
+    for door in doors.values():
+        for _, _, pid in door.spans:
+            answered_by[pid] += 1
+    print(f"episodes per backend process: {dict(answered_by)}")
     for name, door in doors.items():
         assert door.lost == [], (name, door.lost[:5])
         assert door.creations_failed == [], (name, door.creations_failed[:5])
@@ -291,11 +296,6 @@ async def test_a_rolling_restart_and_a_scale_up_and_down_under_load_lose_no_epis
     assert all(per_drain[d.pid] > 0 for d in drains), per_drain
     # The added backend took episodes (a new session can land on it) while it moved none.
     assert any(pid == new_pid for door in doors.values() for _, _, pid in door.spans)
-    answered_by: dict[int, int] = defaultdict(int)
-    for door in doors.values():
-        for _, _, pid in door.spans:
-            answered_by[pid] += 1
-    print(f"episodes per backend process: {dict(answered_by)}")
 
 
 async def until_keys_hash_onto(topology: EnvoyTopology, index: int) -> None:
