@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"# ors-grpc benchmark: this checkout against {args.against}")
         print(f"{args.against}: {describe('HEAD', tree)} (checked out in {tree})")
         print(f"{THIS}: {describe('HEAD')}")
+        if args.serve_args:
+            print(f"both sides serve with: {args.serve_args}")
         print("note: both servers run in this virtualenv and are loaded by this checkout's load generator;"
               " the two sides alternate order every round.")
         rounds: list[dict[tuple[str, str], DoorResult]] = []

@@ -35,9 +35,10 @@ def server_for(door: str, args: argparse.Namespace, tree: Path | None = None) ->
         return server, ports
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
+    serve_args = tuple(args.serve_args.split())
     if door == "mcp":
-        return ours_server(http=False, mcp=True), {"gRPC", "MCP"}
-    server = ours_server(http=door.startswith("bridge"))
+        return ours_server(http=False, mcp=True, serve_args=serve_args), {"gRPC", "MCP"}
+    server = ours_server(http=door.startswith("bridge"), serve_args=serve_args)
     for suffix, sync_code in SYNC_CODE_SUFFIXES.items():
         if door.endswith(suffix):
             server.extra_env["ORS_BENCH_SYNC_CODE"] = sync_code

@@ -1,6 +1,6 @@
 """``python -m bench --placements``: where environments' code runs, compared in one run.
 
-Rows are ``ors-grpc serve`` arguments (issue 29): in-process (none),
+Rows are ``ors-grpc serve`` arguments: in-process (none),
 ``--workers 1``, ``--workers 2`` and ``--isolation episode``, each on three
 workloads: the trivial ``bench.env:BenchEnv``, and ``bench.cpu_env``'s
 ``step`` spending 2 ms of pure-Python CPU as a sync tool and as an
@@ -43,7 +43,7 @@ WORKLOADS: dict[str, str] = {
 }
 MIB = 1024 * 1024
 #: The workload whose rows also measure a creation with the pool warm: episodes one at a time,
-#: each `PACED_PAUSE_S` after the last (issue 29's creation target is taken that way).
+#: each `PACED_PAUSE_S` after the last (a closed loop empties any pool).
 PACED_WORKLOAD = "trivial"
 PACED_CREATIONS = 40
 PACED_PAUSE_S = 0.1

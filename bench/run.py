@@ -5,7 +5,7 @@ HTTP bridge, ``ors-grpc serve --http-port``) and ``grpc`` (our gRPC service
 through our Python client, ``ors_grpc.client``, RunEpisode streams that carry
 a worker's episodes one after another). ``bridge-threads`` and
 ``grpc-threads`` are the same with the environment's sync code pinned to
-worker threads (``sync_code_on_loop = False``); optionally ``bridge-on-loop``
+threads (``sync_code_on_loop = False``); optionally ``bridge-on-loop``
 and ``grpc-on-loop`` (pinned to the event loop, as the reference runs it) and
 ``grpc-raw`` (the gRPC service through the bare generated stubs, one RPC per
 step). Each door gets a fresh server process and a separate load-generator
@@ -181,6 +181,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="instead: this checkout's server against commit REV's (checked out into a temporary"
                              " git worktree), interleaved rounds of the bridge and gRPC doors (--doors, where"
                              " reference is also allowed), and the ratios (bench/against.py)")
+    parser.add_argument("--serve-args", default="", metavar="ARGS",
+                        help="more `serve` arguments for our servers (the doors' and --against's), e.g."
+                             " '--workers 2' to measure worker mode against another commit")
     parser.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     parser.add_argument("--scaleout", action="store_true",
                         help="instead: the same workload against 1 and 2 backends behind nginx (bench/scaleout.py)")

@@ -37,7 +37,8 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
-from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, worker_count  # noqa: E402
+from ors_grpc._runtime.workers.placement import worker_count  # noqa: E402
+from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S  # noqa: E402
 from ors_grpc.authoring.environment import Environment  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -251,6 +252,10 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="SECONDS",
                        help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served before "
                             "they are ended (0: at once); new episodes are refused meanwhile")
+    serve.add_argument("--advertise-host", default=None, metavar="HOST",
+                       help="hand out session ids that name HOST and the door's port (this backend's address as "
+                            "the proxy in front knows it: Envoy's stateful sessions route them back here; "
+                            "docs/deployment.md)")
     serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
                        help="run environments' code in N supervised worker processes (auto: one per CPU "
                             "this process may use) instead of the server process; environments must be MODULE:CLASS")
@@ -388,6 +393,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,
         drain_timeout_s=args.drain_timeout,
+        advertise_host=args.advertise_host,
         workers=args.workers,
         worker_memory_limit_mib=args.worker_memory_limit,
         worker_stall_limit_s=args.worker_stall_limit,
@@ -456,7 +462,7 @@ def _fastest_event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def _exit_despite_stuck_user_code() -> None:
-    """Exit now if synchronous user code still runs in worker threads.
+    """Exit now if synchronous user code still runs in user-code threads.
 
     Every session is torn down by now; such a thread (a sync tool that
     ignores its episode's end) cannot be interrupted, and Python would wait

@@ -72,6 +72,9 @@ class _Context:
             self._trailing = tuple(trailing_metadata)
         raise _Abort(details)
 
+    async def send_initial_metadata(self, initial_metadata: Metadata) -> None:
+        """Nothing to send in-process: no proxy stands between."""
+
     def set_code(self, code: grpc.StatusCode) -> None:
         self._code = code
 

@@ -41,6 +41,7 @@ from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
 from ors_grpc.authoring.types import ListToolsOutput, Message, Split
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, SESSION_ID_METADATA_KEY
+from ors_grpc.protocol.routed_ids import routed_id, session_key
 
 __all__ = ["EnvironmentService", "environment_map", "toolset_map"]
 
@@ -224,7 +225,7 @@ def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
 def _session_id(request: Any, context: grpc.aio.ServicerContext) -> str:
     """The request's session id, else the `x-session-id` metadata entry.
     (EnvironmentService._session_id also checks that both agree.)"""
-    sid = request.session_id.strip() or _metadata_session_id(context)
+    sid = _key(request.session_id) or _metadata_session_id(context)
     if not sid:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is required")
     return sid
@@ -242,8 +243,14 @@ def _api_key(context: grpc.aio.ServicerContext) -> str:
 def _metadata_session_id(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == SESSION_ID_METADATA_KEY:
-            return value.strip()
+            return _key(value)
     return ""
+
+
+def _key(sid: str) -> str:
+    """The session a session id names: a routed id (`routed_ids`) names its KEY,
+    which is all a backend behind Envoy sees of it in `x-session-id`."""
+    return session_key(sid.strip())
 
 
 def _new_session_id() -> str:
@@ -255,7 +262,7 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
     step's `session_id`, may be empty or must say the same)."""
     if stream_sid is None:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "no episode on this stream: create one first")
-    if named.strip() not in ("", stream_sid):
+    if _key(named) not in ("", stream_sid):
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
     return stream_sid
 
@@ -263,7 +270,7 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
 def _ids_to_reserve(request: pb.PrepareEpisodesRequest, count: int, routed: str) -> list[str]:
     """The session ids a PrepareEpisodes request reserves (none, or one per
     episode); with `x-session-id` metadata (`routed`), exactly that one."""
-    session_ids = [sid.strip() for sid in request.session_ids]
+    session_ids = [_key(sid) for sid in request.session_ids]
     if not session_ids:
         return []
     if len(session_ids) != count or not all(session_ids) or len(set(session_ids)) != count:
@@ -366,6 +373,9 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         self._toolsets = toolset_map(toolsets)
         #: Answers larger than this fail with MESSAGE_TOO_LARGE (None: no check).
         self._max_message_bytes = max_message_bytes
+        #: The gRPC door's address (`HOST:PORT`) as the proxy knows it: the
+        #: session ids CreateSessionId hands out name it (`routed_ids`). None: plain ids.
+        self.route_address: str | None = None
 
     def _within_limit(self, message: Any, what: str, size_at_most: int | None = None) -> Any:
         """`message`, unless it is over the message limit: then ORSError
@@ -494,7 +504,10 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
 
     @_unary
     async def CreateSessionId(self, request: Any, context: Any) -> pb.CreateSessionIdResponse:
-        return pb.CreateSessionIdResponse(session_id=_new_session_id())
+        sid = self._sessions.issue_id()
+        if self.route_address is not None:
+            sid = routed_id(self.route_address, sid)
+        return pb.CreateSessionIdResponse(session_id=sid)
 
     @_unary
     async def CreateEpisode(self, request: pb.CreateEpisodeRequest, context: Any) -> pb.CreateEpisodeResponse:
@@ -672,6 +685,13 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         # As `_streaming` would, but each answer is checked against the message
         # limit as it is made (bounds on some are known), not once more after.
         async with _answering("RunEpisode", context):
+            route_key = _metadata_session_id(context)
+            if route_key:
+                # The stream's route key, answered: a proxy with stateful
+                # sessions (Envoy's envelope) names in it the backend the
+                # stream reached, so the client's per-step RPCs of this
+                # stream's episodes reach it exactly too (`routed_ids`).
+                await context.send_initial_metadata(((SESSION_ID_METADATA_KEY, route_key),))
             sid: str | None = None
             async for request in requests:
                 step = request.WhichOneof("step")
@@ -703,7 +723,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            "the stream's episode is still open: delete it before creating another")
         # Not the metadata's id: that routes the stream, which may carry many episodes.
-        sid = request.session_id.strip() or _new_session_id()
+        sid = _key(request.session_id) or _new_session_id()
         await self._create_episode(sid, request, api_key=_api_key(context))
         route_key = _metadata_session_id(context)
         if route_key and route_key != sid:
