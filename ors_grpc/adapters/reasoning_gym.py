@@ -118,6 +118,10 @@ class _ReasoningGymEnvironment(GeneratedEnvironment):
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec, secrets)
+        served = {dataset: config for dataset, _, config in self.recipe["parts"]}
+        if task_spec.get("dataset") not in served or task_spec.get("config", {}) != served[task_spec["dataset"]]:
+            raise ValueError(f"{self.name()} serves entries of {sorted(served)} with their configuration "
+                             f"{list(served.values())}, not {task_spec.get('dataset')!r} with {task_spec.get('config')}")
         found = task_entry(task_spec)
         self.entry, self.dataset = found["entry"], found["dataset"]
 

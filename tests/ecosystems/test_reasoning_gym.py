@@ -13,7 +13,7 @@ import pytest
 import reasoning_gym
 from openreward.api.environments.client import EnvironmentsAPI
 
-from ors_grpc.client import ORSClient
+from ors_grpc.client import ORSClient, ORSServerError
 from tests.support.reasoning_gym_play import FAMILIES, SERVE_SPEC, WRONG_ANSWER, entry, expected_reward
 from tests.support.servers import ROOT, ServeProcess, start_serve
 
@@ -94,3 +94,15 @@ def test_dataset_configuration_passes_through_and_a_bad_one_stops_serve_at_start
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "leg_counting" in bad.stderr and "no_such_parameter" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_an_environment_makes_episodes_of_its_own_datasets_only(server: ServeProcess) -> None:
+    with ORSClient(server.grpc_target) as client:
+        env = client.environment("leg_counting")
+        own = env.get_task("train", 0).task_spec
+        for foreign in [{**own, "dataset": "gcd"}, {**own, "config": {"max_animals": 50}}]:
+            with pytest.raises(ORSServerError, match="leg_counting serves entries of"):
+                with env.session(foreign) as session:
+                    session.get_prompt()
+        with env.session({**own, "index": 3}) as session:  # any entry of its own dataset
+            assert session.get_prompt()[0].text == entry({**own, "index": 3})["entry"]["question"]
