@@ -533,21 +533,35 @@ def dumps(value: Any) -> str:
 
 
 def _dump(value: Any, parts: list[str]) -> None:
-    if isinstance(value, Raw):
+    # Dispatch on the exact type, and a dict's scalar members written in its own loop: a tool
+    # result is one or two calls of this rather than one per value (a third of the time).
+    kind = type(value)
+    if kind is dict:
+        opening = "{"
+        for key, item in value.items():
+            parts.append(f"{opening}{_encode_string(key)}:")
+            opening = ","
+            kind = type(item)
+            if kind is str:
+                parts.append(_encode_string(item))
+            elif kind is Raw:
+                parts.append(item)
+            elif item is None:
+                parts.append("null")
+            elif kind is bool:
+                parts.append("true" if item else "false")
+            else:
+                _dump(item, parts)
+        parts.append("}" if opening == "," else "{}")
+    elif kind is list or kind is tuple:
+        opening = "["
+        for item in value:
+            parts.append(opening)
+            opening = ","
+            _dump(item, parts)
+        parts.append("]" if opening == "," else "[]")
+    elif kind is Raw:
         parts.append(value)
-    elif isinstance(value, dict):
-        parts.append("{")
-        for i, (key, item) in enumerate(value.items()):
-            parts.append(f"{',' if i else ''}{_scalar(key)}:")
-            _dump(item, parts)
-        parts.append("}")
-    elif isinstance(value, (list, tuple)):
-        parts.append("[")
-        for i, item in enumerate(value):
-            if i:
-                parts.append(",")
-            _dump(item, parts)
-        parts.append("]")
     else:
         parts.append(_scalar(value))
 
@@ -561,10 +575,13 @@ def _scalar(value: Any) -> str:
     return json_text.dumps(value)
 
 
+_NULL = Raw("null")
+
+
 def raw_json(value: types_pb2.JsonValue, present: bool = True) -> Raw:
     """User JSON from the backend, or `null` when unset."""
     if not present or not value.json:
-        return Raw("null")
+        return _NULL
     text = value.json
     if "\n" in text or "\r" in text:
         # Pretty-printed: compact it, since SSE data lines cannot hold newlines.
