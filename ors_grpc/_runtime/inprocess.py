@@ -19,6 +19,7 @@ and answers over it are refused by the service itself
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 from typing import Any, AsyncIterator, Callable, NamedTuple, Optional, Sequence
 
@@ -121,15 +122,24 @@ class _StreamCall:
 
     def __init__(self, produce: Callable[[_Context], AsyncIterator[Any]], context: _Context) -> None:
         self._context = context
-        self._messages: asyncio.Queue[Any] = asyncio.Queue()
+        # A deque and one waiter rather than an asyncio.Queue (whose Event and
+        # task accounting nobody here uses): one reader, a few messages a call.
+        self._messages: collections.deque[Any] = collections.deque()
+        self._waiter: Optional[asyncio.Future[None]] = None
         self._error: Optional[grpc.aio.AioRpcError] = None
         self._ended = False
         self.task = asyncio.get_running_loop().create_task(self._run(produce))
 
+    def _put(self, message: Any) -> None:
+        self._messages.append(message)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def _run(self, produce: Callable[[_Context], AsyncIterator[Any]]) -> None:
         try:
             async for message in produce(self._context):
-                self._messages.put_nowait(message)
+                self._put(message)
             if self._context.failed():
                 self._error = self._context.rpc_error()
         except _Abort:
@@ -139,12 +149,18 @@ class _StreamCall:
         except Exception as exc:
             self._error = _unexpected(self._context, exc)
         finally:
-            self._messages.put_nowait(self._END)
+            self._put(self._END)
 
     async def read(self) -> Any:
         if self._ended:
             return grpc.aio.EOF
-        message = await self._messages.get()
+        while not self._messages:
+            self._waiter = self.task.get_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        message = self._messages.popleft()
         if message is not self._END:
             return message
         self._ended = True
@@ -181,7 +197,11 @@ class InProcessChannel:
         registry = _HandlerRegistry()
         add_servicer(servicer, registry)
         self._handlers = registry.handlers
-        self._interceptors = list(interceptors)
+        # The interceptors' chain, built once: each call goes through the same links.
+        continuation: Callable[[_CallDetails], Any] = self._lookup
+        for interceptor in reversed(list(interceptors)):
+            continuation = _chained(interceptor, continuation)
+        self._intercepted = continuation
         self._streams: set[asyncio.Task[None]] = set()
 
     async def drain(self, grace: Optional[float]) -> None:
@@ -202,14 +222,11 @@ class InProcessChannel:
                 f"Sent message larger than max ({size} vs. {self._max_message_bytes})",
             )
 
-    async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
-        async def lookup(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
-            return self._handlers.get(details.method)
+    async def _lookup(self, details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
+        return self._handlers.get(details.method)
 
-        continuation: Callable[[_CallDetails], Any] = lookup
-        for interceptor in reversed(self._interceptors):
-            continuation = _chained(interceptor, continuation)
-        handler = await continuation(_CallDetails(method, metadata))
+    async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
+        handler = await self._intercepted(_CallDetails(method, metadata))
         if handler is None:
             raise _Context(metadata).rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {method}")
         return handler
