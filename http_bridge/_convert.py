@@ -349,10 +349,15 @@ def _int64(value: int) -> int:
 
 
 def _json_value(value: Any, field: str) -> types_pb2.JsonValue:
-    """A body's user JSON value as a JsonValue; BadRequest 400 naming `field`
+    """A body's user JSON value as a JsonValue (see `_json_text`)."""
+    return types_pb2.JsonValue(json=_json_text(value, field))
+
+
+def _json_text(value: Any, field: str) -> str:
+    """A body's user JSON value as JSON text; BadRequest 400 naming `field`
     when it breaks json_text's rules (deeper than MAX_JSON_DEPTH itself)."""
     try:
-        return types_pb2.JsonValue(json=json_text.dumps(value, field))
+        return json_text.dumps(value, field)
     except json_text.JsonLimitError as exc:
         raise BadRequest(str(exc), status=400) from None
 
@@ -401,8 +406,13 @@ def task_request(env_name: str, body: TaskBody) -> service_pb2.GetTaskRequest:
 
 
 def tool_call_request(session_id: str, body: CallBody, idempotency_key: str = "") -> service_pb2.CallToolRequest:
-    call = types_pb2.ToolCall(name=body.name, input=_json_value(body.input, "input"), task_id=body.task_id or "")
-    return service_pb2.CallToolRequest(session_id=session_id, call=call, idempotency_key=idempotency_key)
+    request = service_pb2.CallToolRequest(session_id=session_id, idempotency_key=idempotency_key)
+    # Filled in place: a message handed to a constructor is copied, once per enclosing message.
+    call = request.call
+    call.name = body.name
+    call.input.json = _json_text(body.input, "input")
+    call.task_id = body.task_id or ""
+    return request
 
 
 def idempotency_key(header: Optional[str]) -> str:
