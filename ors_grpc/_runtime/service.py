@@ -169,29 +169,37 @@ def _step_error(step: str, exc: Exception) -> pb.StepError:
     return pb.StepError(code=error.code.value[0], reason=error.reason, message=logged_bounded_text(error.message, step))
 
 
-@contextlib.asynccontextmanager
-async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+class _answering:
     """Map what a handler raises to a status (ORSError with its reason, bugs
-    to INTERNAL) and log one line per request."""
-    started = time.monotonic()
-    outcome = "OK"
-    try:
-        yield
-    except grpc.aio.AbortError:
-        raise
-    except asyncio.CancelledError:
-        outcome = "CANCELLED"  # the client went away; a running tool goes on
-        raise
-    except Exception as exc:
-        error = _classified(method, exc)
-        if isinstance(error, str):
-            outcome = "INTERNAL"
-            await context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(error, method))
-        outcome = error.reason_name
-        await abort(context, error)
-    finally:
-        logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
-                     method, outcome, (time.monotonic() - started) * 1000)
+    to INTERNAL) and log one line per request. (A class, not a generator made
+    into a context manager: it is entered by every RPC, ten times an episode
+    on the HTTP door, for a third of the cost.)"""
+
+    __slots__ = ("_method", "_context", "_started")
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self._method = method
+        self._context = context
+
+    async def __aenter__(self) -> None:
+        self._started = time.monotonic()
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> bool:
+        outcome = "OK"
+        try:
+            if isinstance(exc, asyncio.CancelledError):
+                outcome = "CANCELLED"  # the client went away; a running tool goes on
+            elif isinstance(exc, Exception) and not isinstance(exc, grpc.aio.AbortError):
+                error = _classified(self._method, exc)
+                if isinstance(error, str):
+                    outcome = "INTERNAL"
+                    await self._context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(error, self._method))
+                outcome = error.reason_name
+                await abort(self._context, error)
+            return False  # (anything else raised goes on as it is)
+        finally:
+            logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
+                         self._method, outcome, (time.monotonic() - self._started) * 1000)
 
 
 def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
