@@ -122,19 +122,20 @@ class _StreamCall:
 
     def __init__(self, produce: Callable[[_Context], AsyncIterator[Any]], context: _Context) -> None:
         self._context = context
-        # A deque and one waiter rather than an asyncio.Queue (whose Event and
-        # task accounting nobody here uses): one reader, a few messages a call.
+        # Messages nobody has read yet, and the read waiting for the next one:
+        # one reader, a few messages a call (an asyncio.Queue would be more).
         self._messages: collections.deque[Any] = collections.deque()
-        self._waiter: Optional[asyncio.Future[None]] = None
+        self._reader: Optional[asyncio.Future[Any]] = None
         self._error: Optional[grpc.aio.AioRpcError] = None
         self._ended = False
         self.task = asyncio.get_running_loop().create_task(self._run(produce))
 
     def _put(self, message: Any) -> None:
-        self._messages.append(message)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        reader, self._reader = self._reader, None
+        if reader is None or reader.done():  # (a read that was cancelled leaves the message for the next)
+            self._messages.append(message)
+        else:
+            self._answer(reader, message)
 
     async def _run(self, produce: Callable[[_Context], AsyncIterator[Any]]) -> None:
         try:
@@ -151,22 +152,28 @@ class _StreamCall:
         finally:
             self._put(self._END)
 
-    async def read(self) -> Any:
+    def read(self) -> asyncio.Future[Any]:
+        """The next message, EOF after the last, or the call's error: a future
+        (grpc.aio's is a coroutine; a future is awaited alike, and a caller that
+        waits for it with a timeout needs no task of its own around it)."""
+        reader = self.task.get_loop().create_future()
         if self._ended:
-            return grpc.aio.EOF
-        while not self._messages:
-            self._waiter = self.task.get_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        message = self._messages.popleft()
+            reader.set_result(grpc.aio.EOF)
+        elif self._messages:
+            self._answer(reader, self._messages.popleft())
+        else:
+            self._reader = reader
+        return reader
+
+    def _answer(self, reader: asyncio.Future[Any], message: Any) -> None:
         if message is not self._END:
-            return message
+            reader.set_result(message)
+            return
         self._ended = True
         if self._error is not None:
-            raise self._error
-        return grpc.aio.EOF
+            reader.set_exception(self._error)
+        else:
+            reader.set_result(grpc.aio.EOF)
 
     def cancel(self) -> bool:
         """Cancel the handler (a tool call's own task is not the handler's)."""
