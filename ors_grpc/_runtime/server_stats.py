@@ -15,9 +15,11 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, TypeVar
 
 __all__ = ["EnvironmentCounters", "RecentError", "ServerStats", "WINDOW_S"]
+
+T = TypeVar("T")
 
 #: Seconds the rates and latencies look back.
 WINDOW_S = 60.0
@@ -53,22 +55,20 @@ class EnvironmentCounters:
         self._errors: deque[RecentError] = deque(maxlen=RECENT_ERRORS)
         self.in_flight = 0
 
-    def call_started(self) -> float:
-        """Count one tool call in flight; returns its start, for `call_ended`."""
+    async def timed_call(self, name: str, call: Awaitable[T], failure: Callable[[T], str | None]) -> T:
+        """Await one tool call, counting it in flight, then its duration, and
+        its failure (`failure(outcome)`: the message, or None) as an error."""
         self.in_flight += 1
-        return self._clock()
-
-    def call_ended(self, name: str, started: float, failure: str | None) -> None:
-        """The call started at `started` returned: its duration, and its `failure` (the message, or
-        None) as an error."""
-        self.in_flight -= 1
+        started = self._clock()
+        try:
+            outcome = await call
+        finally:
+            self.in_flight -= 1
         self._ended(started)
-        if failure is not None:
-            self.error(f"tool {name}", failure)
-
-    def call_stopped(self) -> None:
-        """A call ended without an outcome (cancelled, or it raised): no longer in flight, nothing observed."""
-        self.in_flight -= 1
+        message = failure(outcome)
+        if message is not None:
+            self.error(f"tool {name}", message)
+        return outcome
 
     def error(self, source: str, message: str) -> None:
         """Keep an error (a bounded few, the oldest dropped)."""

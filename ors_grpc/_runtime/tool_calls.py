@@ -72,6 +72,14 @@ def _refused_as_finished(name: str) -> CallOutcome:
                                                          reason="episode_finished")))
 
 
+async def _at_once(outcome: CallOutcome) -> CallOutcome:
+    return outcome
+
+
+def _failure_message(outcome: CallOutcome) -> str | None:
+    return outcome.failure
+
+
 def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
     """What an idempotency key is bound to: the kind of call (`tool`,
     `score_group`), its name (none for a scoring) and its input (a tool's
@@ -286,9 +294,7 @@ class SessionToolCalls:
             logger.warning("toolset_instantiation_failed tool=%s error=%s", name, message)
             return CallOutcome(failure=message)
         if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
-            outcome = CallOutcome(result=fn)
-            metrics.tool_call_ended(metrics.tool_call_started(host, name), outcome)
-            return outcome
+            return await metrics.timed_tool_call(host, name, _at_once(CallOutcome(result=fn)))
         if self.finished:
             return _refused_as_finished(name)
         if is_exclusive_tool(fn):
@@ -318,22 +324,10 @@ class SessionToolCalls:
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
             return _refused_as_finished(name)
-        # The metrics and the live view's counters as begin/end around the one await (not coroutines
-        # around it: each would be a frame to enter, and to resume through, on every call).
-        counters = self._counters
-        timing = metrics.tool_call_started(host, name)
-        started = counters.call_started() if counters is not None else 0.0
-        outcome = None
-        try:
-            outcome = await metrics.in_tool_call_span(host, name, self._run_tool(host, name, fn, tool_input))
-        finally:
-            metrics.tool_call_ended(timing, outcome)
-            if counters is not None:
-                if outcome is None:
-                    counters.call_stopped()
-                else:
-                    counters.call_ended(name, started, outcome.failure)
-        return outcome
+        call = metrics.timed_tool_call(host, name, self._run_tool(host, name, fn, tool_input))
+        if self._counters is None:
+            return await call
+        return await self._counters.timed_call(name, call, _failure_message)
 
     async def _run_tool(
         self, host: EpisodeHost, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]

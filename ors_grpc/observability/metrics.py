@@ -47,15 +47,13 @@ __all__ = [
     "WORKER_RESTARTS",
     "RpcMetricsInterceptor",
     "WorkerReading",
-    "in_tool_call_span",
     "session_closed",
     "session_opened",
     "start_metrics_server",
     "timed_setup",
     "track_session_load",
     "track_workers",
-    "tool_call_ended",
-    "tool_call_started",
+    "timed_tool_call",
     "warm_episode_ended",
     "warm_episode_prepared",
     "worker_died",
@@ -195,35 +193,24 @@ def _tool_metrics(env_cls: type, name: str) -> _ToolMetrics:
     )
 
 
-class ToolCallTiming(NamedTuple):
-    """A running tool call's metrics (`tool_call_started`), for `tool_call_ended`."""
-
-    metrics: _ToolMetrics
-    started: float
-
-
-def tool_call_started(host: Any, name: str) -> ToolCallTiming:
-    """Count one tool call of an episode (its environment_host) in flight. A begin/end pair rather than
-    a coroutine around the call: the call path then has one frame less to enter and to resume through."""
+async def timed_tool_call(host: Any, name: str, call: Awaitable[T]) -> T:
+    """Await one tool call (a tool_calls.CallOutcome) of an episode (its
+    environment_host), counting it in flight while it runs and observing its
+    duration and outcome."""
     metrics = _tool_metrics(host.env_cls, name)
+    if tracing.tracer is not None:
+        call = tracing.traced_tool_call(host, tool_label(host.env_cls, name), call)
     metrics.in_flight.inc()
-    return ToolCallTiming(metrics, time.perf_counter())
-
-
-def tool_call_ended(timing: ToolCallTiming, outcome: Any) -> None:
-    """The call of `timing` ended with `outcome` (a tool_calls.CallOutcome; None: it was cancelled or
-    raised): no longer in flight, its duration and outcome observed."""
-    metrics = timing.metrics
-    metrics.in_flight.dec()
-    metrics.seconds.observe(time.perf_counter() - timing.started)
-    metrics.calls["cancelled" if outcome is None else _call_outcome(outcome)].inc()
-
-
-def in_tool_call_span(host: Any, name: str, call: Awaitable[T]) -> Awaitable[T]:
-    """`call` in a tracing span while tracing is on, else `call` itself."""
-    if tracing.tracer is None:
-        return call
-    return tracing.traced_tool_call(host, tool_label(host.env_cls, name), call)
+    started = time.perf_counter()
+    outcome = "cancelled"
+    try:
+        result = await call
+        outcome = _call_outcome(result)
+        return result
+    finally:
+        metrics.in_flight.dec()
+        metrics.seconds.observe(time.perf_counter() - started)
+        metrics.calls[outcome].inc()
 
 
 # --- worker processes ----------------------------------------------------------------
