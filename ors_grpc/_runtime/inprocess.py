@@ -204,9 +204,10 @@ class InProcessChannel:
         registry = _HandlerRegistry()
         add_servicer(servicer, registry)
         self._handlers = registry.handlers
-        # The interceptors' chain, built once: each call goes through the same links.
+        self._interceptors = tuple(interceptors)
+        # Their chain, built once: each call goes through the same links.
         continuation: Callable[[_CallDetails], Any] = self._lookup
-        for interceptor in reversed(list(interceptors)):
+        for interceptor in reversed(self._interceptors):
             continuation = _chained(interceptor, continuation)
         self._intercepted = continuation
         self._streams: set[asyncio.Task[None]] = set()
