@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-from typing import Any, AsyncIterator, Callable, NamedTuple, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional, Sequence
 
 import grpc
 
@@ -120,7 +120,9 @@ class _StreamCall:
 
     _END = object()
 
-    def __init__(self, produce: Callable[[_Context], AsyncIterator[Any]], context: _Context) -> None:
+    def __init__(
+        self, open_stream: Callable[[_Context], Awaitable[Optional[AsyncIterator[Any]]]], context: _Context
+    ) -> None:
         self._context = context
         # Messages nobody has read yet, and the read waiting for the next one:
         # one reader, a few messages a call (an asyncio.Queue would be more).
@@ -128,7 +130,7 @@ class _StreamCall:
         self._reader: Optional[asyncio.Future[Any]] = None
         self._error: Optional[grpc.aio.AioRpcError] = None
         self._ended = False
-        self.task = asyncio.get_running_loop().create_task(self._run(produce))
+        self.task = asyncio.get_running_loop().create_task(self._run(open_stream))
 
     def _put(self, message: Any) -> None:
         reader, self._reader = self._reader, None
@@ -137,10 +139,12 @@ class _StreamCall:
         else:
             self._answer(reader, message)
 
-    async def _run(self, produce: Callable[[_Context], AsyncIterator[Any]]) -> None:
+    async def _run(self, open_stream: Callable[[_Context], Awaitable[Optional[AsyncIterator[Any]]]]) -> None:
         try:
-            async for message in produce(self._context):
-                self._put(message)
+            messages = await open_stream(self._context)  # the handler's messages (None: it wrote none)
+            if messages is not None:
+                async for message in messages:
+                    self._put(message)
             if self._context.failed():
                 self._error = self._context.rpc_error()
         except _Abort:
@@ -264,16 +268,15 @@ class InProcessChannel:
             invocation_metadata = tuple(metadata or ())
             self._check_size(request, invocation_metadata)
 
-            async def produce(context: _Context) -> AsyncIterator[Any]:
+            async def open_stream(context: _Context) -> Optional[AsyncIterator[Any]]:
                 handler = await self._handler(method, invocation_metadata)
                 messages = handler.unary_stream(request, context)
                 if inspect.isawaitable(messages):  # a handler that only aborts or writes
                     await messages
-                    return
-                async for message in messages:
-                    yield message
+                    return None
+                return messages
 
-            stream = _StreamCall(produce, _Context(invocation_metadata))
+            stream = _StreamCall(open_stream, _Context(invocation_metadata))
             self._streams.add(stream.task)
             stream.task.add_done_callback(self._streams.discard)
             return stream

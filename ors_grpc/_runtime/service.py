@@ -519,11 +519,24 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         return await self._task_tools(self._session_id(request, context))
 
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
-        # As `_streaming`, but `_call_events` checks its events' size itself (it knows bounds on them).
+        """A call's task id, then its result or failure. (As `_streaming`, but its events' size is checked
+        here, where bounds on them are known; one generator, not one around another, since each message
+        passes every generator in the chain.)"""
         async with _answering("CallTool", context):
-            sid = self._session_id(request, context)
-            async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
-                yield event
+            session = await self._sessions.ready(self._session_id(request, context))
+            tool_call = request.call
+            if request.idempotency_key:
+                call = _keyed_tool_call(session, tool_call, request.idempotency_key)
+            elif tool_call.task_id:
+                call = session.calls.attach(tool_call.task_id)
+            else:
+                tool_input, input_json = _tool_input(tool_call)
+                call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
+            yield self._within_limit(pb.CallToolResponse(task_id=call.task_id), _CALL_TOOL_EVENT,
+                                     _size_around(call.task_id))
+            event = pb.CallToolResponse()
+            outcome = await _write_outcome(session, call, event)
+            yield self._within_limit(event, _CALL_TOOL_EVENT, _outcome_size(outcome))
 
     async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest, api_key: str = "") -> None:
         self._sessions.check_can_create(sid)
@@ -619,24 +632,6 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def ScoreGroup(self, request: pb.ScoreGroupRequest, context: Any) -> AsyncIterator[pb.ScoreGroupResponse]:
         async for event in self._score_events(self._session_id(request, context), request):
             yield event
-
-    async def _call_events(
-        self, sid: str, tool_call: Any, idempotency_key: str = ""
-    ) -> AsyncIterator[pb.CallToolResponse]:
-        """A call's task id, then its result or failure (CallTool's events)."""
-        session = await self._sessions.ready(sid)
-        if idempotency_key:
-            call = _keyed_tool_call(session, tool_call, idempotency_key)
-        elif tool_call.task_id:
-            call = session.calls.attach(tool_call.task_id)
-        else:
-            tool_input, input_json = _tool_input(tool_call)
-            call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
-        yield self._within_limit(pb.CallToolResponse(task_id=call.task_id), _CALL_TOOL_EVENT,
-                                 _size_around(call.task_id))
-        event = pb.CallToolResponse()
-        outcome = await _write_outcome(session, call, event)
-        yield self._within_limit(event, _CALL_TOOL_EVENT, _outcome_size(outcome))
 
     async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.RunEpisodeResponse:
         """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""
