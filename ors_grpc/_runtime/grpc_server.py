@@ -208,6 +208,7 @@ class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         return _checking_handler(handler)
 
 
+@functools.lru_cache(maxsize=256)  # made once per method's handler, not once per call
 def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     deserialize = handler.request_deserializer
 

@@ -170,29 +170,37 @@ def _step_error(step: str, exc: Exception) -> pb.StepError:
     return pb.StepError(code=error.code.value[0], reason=error.reason, message=logged_bounded_text(error.message, step))
 
 
-@contextlib.asynccontextmanager
-async def _answering(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+class _answering:
     """Map what a handler raises to a status (ORSError with its reason, bugs
-    to INTERNAL) and log one line per request."""
-    started = time.monotonic()
-    outcome = "OK"
-    try:
-        yield
-    except grpc.aio.AbortError:
-        raise
-    except asyncio.CancelledError:
-        outcome = "CANCELLED"  # the client went away; a running tool goes on
-        raise
-    except Exception as exc:
-        error = _classified(method, exc)
-        if isinstance(error, str):
-            outcome = "INTERNAL"
-            await context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(error, method))
-        outcome = error.reason_name
-        await abort(context, error)
-    finally:
-        logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
-                     method, outcome, (time.monotonic() - started) * 1000)
+    to INTERNAL) and log one line per request. (A class, not a generator made
+    into a context manager: it is entered by every RPC, ten times an episode
+    on the HTTP door, for a third of the cost.)"""
+
+    __slots__ = ("_method", "_context", "_started")
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self._method = method
+        self._context = context
+
+    async def __aenter__(self) -> None:
+        self._started = time.monotonic()
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> bool:
+        outcome = "OK"
+        try:
+            if isinstance(exc, asyncio.CancelledError):
+                outcome = "CANCELLED"  # the client went away; a running tool goes on
+            elif isinstance(exc, Exception) and not isinstance(exc, grpc.aio.AbortError):
+                error = _classified(self._method, exc)
+                if isinstance(error, str):
+                    outcome = "INTERNAL"
+                    await self._context.abort(grpc.StatusCode.INTERNAL, logged_bounded_text(error, self._method))
+                outcome = error.reason_name
+                await abort(self._context, error)
+            return False  # (anything else raised goes on as it is)
+        finally:
+            logger.debug("rpc method=%s outcome=%s duration_ms=%.1f",
+                         self._method, outcome, (time.monotonic() - self._started) * 1000)
 
 
 def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -524,11 +532,24 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         return await self._task_tools(self._session_id(request, context))
 
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> AsyncIterator[pb.CallToolResponse]:
-        # As `_streaming`, but `_call_events` checks its events' size itself (it knows bounds on them).
+        """A call's task id, then its result or failure. (As `_streaming`, but its events' size is checked
+        here, where bounds on them are known; one generator, not one around another, since each message
+        passes every generator in the chain.)"""
         async with _answering("CallTool", context):
-            sid = self._session_id(request, context)
-            async for event in self._call_events(sid, request.call, idempotency_key=request.idempotency_key):
-                yield event
+            session = await self._sessions.ready(self._session_id(request, context))
+            tool_call = request.call
+            if request.idempotency_key:
+                call = _keyed_tool_call(session, tool_call, request.idempotency_key)
+            elif tool_call.task_id:
+                call = session.calls.attach(tool_call.task_id)
+            else:
+                tool_input, input_json = _tool_input(tool_call)
+                call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
+            yield self._within_limit(pb.CallToolResponse(task_id=call.task_id), _CALL_TOOL_EVENT,
+                                     _size_around(call.task_id))
+            event = pb.CallToolResponse()
+            outcome = await _write_outcome(session, call, event)
+            yield self._within_limit(event, _CALL_TOOL_EVENT, _outcome_size(outcome))
 
     async def _create_episode(self, sid: str, request: pb.CreateEpisodeRequest, api_key: str = "") -> None:
         self._sessions.check_can_create(sid)
@@ -624,24 +645,6 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def ScoreGroup(self, request: pb.ScoreGroupRequest, context: Any) -> AsyncIterator[pb.ScoreGroupResponse]:
         async for event in self._score_events(self._session_id(request, context), request):
             yield event
-
-    async def _call_events(
-        self, sid: str, tool_call: Any, idempotency_key: str = ""
-    ) -> AsyncIterator[pb.CallToolResponse]:
-        """A call's task id, then its result or failure (CallTool's events)."""
-        session = await self._sessions.ready(sid)
-        if idempotency_key:
-            call = _keyed_tool_call(session, tool_call, idempotency_key)
-        elif tool_call.task_id:
-            call = session.calls.attach(tool_call.task_id)
-        else:
-            tool_input, input_json = _tool_input(tool_call)
-            call = session.calls.start(session.host, tool_call.name, tool_input, input_json=input_json)
-        yield self._within_limit(pb.CallToolResponse(task_id=call.task_id), _CALL_TOOL_EVENT,
-                                 _size_around(call.task_id))
-        event = pb.CallToolResponse()
-        outcome = await _write_outcome(session, call, event)
-        yield self._within_limit(event, _CALL_TOOL_EVENT, _outcome_size(outcome))
 
     async def _stream_tool_call(self, step: pb.ToolCallStep, stream_sid: str | None) -> pb.RunEpisodeResponse:
         """A RunEpisode call_tool step: the call gets the client's task id; its outcome."""

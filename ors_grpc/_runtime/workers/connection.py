@@ -88,7 +88,8 @@ class WorkerConnection:
     def attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The handshake is done: calls may go."""
         self.reader, self.writer = reader, writer
-        self._reading = asyncio.get_running_loop().create_task(self._read_forever(), name=f"ors-worker-{self.worker_id}")
+        self._reading = asyncio.get_running_loop().create_task(self._read_forever(),
+                                                               name=f"ors-worker-{self.worker_id}")
         self.connected.set_result(None)
 
     def start_failed(self, error: WorkerStartupError) -> None:
