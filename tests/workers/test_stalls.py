@@ -12,7 +12,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import aiohttp
 import grpc
@@ -69,17 +69,16 @@ class GrpcDoor:
         blocks = result.result.output.blocks
         return (blocks[0].text.text if blocks else ""), json.loads(result.result.output.metadata.json or "{}")
 
-    async def failure(self, sid: str, tool: str, tool_input: dict | None = None) -> str:
-        """A call that fails: its failure's message."""
-        result = (await grpc_call(self.stub, sid, tool, tool_input))[-1]
-        assert result.HasField("failure"), result
-        return result.failure.message
+    async def crashed_call(self, sid: str, tool: str, tool_input: dict | None = None) -> tuple[str, dict[str, str]]:
+        """A call whose process is killed under it, answered as crashed: its message and ErrorInfo metadata."""
+        return self._crash(await _rpc_error(grpc_call(self.stub, sid, tool, tool_input)))
 
     async def refusal(self, sid: str) -> tuple[str, dict[str, str]]:
         """The episode's next call, refused as crashed: its message and ErrorInfo metadata."""
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await self.stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-        error = caught.value
+        return self._crash(await _rpc_error(self.stub.GetPrompt(pb.GetPromptRequest(session_id=sid))))
+
+    @staticmethod
+    def _crash(error: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
         trailers = dict(error.trailing_metadata() or ())
         assert (error.code(), trailers[ERROR_REASON_METADATA_KEY]) == (
             grpc.StatusCode.ABORTED, "ERROR_REASON_ENVIRONMENT_CRASHED")
@@ -100,6 +99,18 @@ class HttpDoor:
     async def episode(self, tag: str) -> str:
         return await http_episode(self.http, tag, env_name=ENV_NAME)
 
+    async def crashed_call(self, sid: str, tool: str, tool_input: dict | None = None) -> tuple[str, dict[str, str]]:
+        """A call whose process is killed under it: 410 before the first byte, else an `error` event
+        with the reason; its message (HTTP carries no metadata)."""
+        body = {"name": tool, "input": tool_input or {}}
+        async with self.http.post(f"/{ENV_NAME}/call", json=body, headers={"X-Session-ID": sid}) as response:
+            if response.status != 200:
+                assert response.status == 410, await response.text()
+                return (await response.json())["detail"], {}
+            stream = await read_sse(response)
+        assert stream.names() == ["task_id", "error"] and stream.reasons["error"] == "ERROR_REASON_ENVIRONMENT_CRASHED"
+        return stream.data("error"), {}
+
     async def _call(self, sid: str, tool: str, tool_input: dict | None):
         body = {"name": tool, "input": tool_input or {}}
         async with self.http.post(f"/{ENV_NAME}/call", json=body, headers={"X-Session-ID": sid}) as response:
@@ -110,9 +121,6 @@ class HttpDoor:
         output = (await self._call(sid, tool, tool_input)).result()["output"]
         blocks = output["blocks"]
         return (blocks[0]["text"] if blocks else ""), output.get("metadata") or {}
-
-    async def failure(self, sid: str, tool: str, tool_input: dict | None = None) -> str:
-        return (await self._call(sid, tool, tool_input)).data("error")
 
     async def refusal(self, sid: str) -> tuple[str, dict[str, str]]:
         """The episode's next call, refused as crashed (410): its detail (HTTP carries no metadata)."""
@@ -137,6 +145,12 @@ async def pid_of(door: GrpcDoor | HttpDoor, sid: str) -> int:
 
 async def runs_of(door: GrpcDoor | HttpDoor, sid: str) -> dict[str, int]:
     return (await door.output(sid, "stats"))[1]["runs"]
+
+
+async def _rpc_error(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
 
 
 def assert_stalled(refusal: tuple[str, dict[str, str]]) -> None:
@@ -172,8 +186,8 @@ async def test_a_worker_whose_event_loop_stalls_is_killed_and_replaced_and_no_ot
             assert doomed_pid != healthy_pid  # one episode per worker
             assert (await door.output(healthy, "echo_tag"))[0] == "healthy"
 
-            # No tool timeout: the stall limit ends the call, naming the stall; so does every later call.
-            assert STALLED in await door.failure(doomed, tool, tool_input)
+            # No tool timeout: the stall limit ends the call (as crashed, naming the stall); so does every later call.
+            assert_stalled(await door.crashed_call(doomed, tool, tool_input))
             assert_stalled(await door.refusal(doomed))
 
             # The episode in the other worker lost nothing: same process, same state.
@@ -216,7 +230,7 @@ async def test_c_code_holding_the_gil_is_a_stall_too(tmp_path: Path) -> None:
         async with doors(serve) as door:
             doomed = await door["grpc"].episode("doomed")
             # A sync tool (in a user-code thread) whose regex never lets the GIL go: the whole process stops.
-            assert STALLED in await door["grpc"].failure(doomed, "hold_the_gil")
+            assert_stalled(await door["grpc"].crashed_call(doomed, "hold_the_gil"))
             assert_stalled(await door["grpc"].refusal(doomed))
 
     [killed] = log_lines(log, "worker_killed")
@@ -232,7 +246,7 @@ async def test_with_episode_isolation_a_stall_costs_exactly_its_own_episode(tmp_
             neighbour_pid = await pid_of(door["grpc"], neighbour)
             assert await pid_of(door["http"], doomed) != neighbour_pid
 
-            assert STALLED in await door["http"].failure(doomed, "spin_loop")
+            assert_stalled(await door["http"].crashed_call(doomed, "spin_loop"))
             assert_stalled(await door["http"].refusal(doomed))
             assert_stalled(await door["grpc"].refusal(doomed))
 
