@@ -94,7 +94,10 @@ async def serve(
     ssl_context = https_context(config.tls_cert, config.tls_key)
     start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     policy = _browser_policy(host, config.allowed_hosts, config.allowed_origins)
-    await _bind("gRPC", host, port, _probe_port(host, port))
+    # Every door's port is checked before worker processes start (a port in use is one line, at once).
+    for door, door_port in (("gRPC", port), ("HTTP", http_port), ("MCP", mcp_port), ("metrics", metrics_port)):
+        if door_port is not None:
+            await _bind(door, host, door_port, _probe_port(host, door_port))
     try:
         server, bound_port = await _bind(
             "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
