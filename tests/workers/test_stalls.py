@@ -18,6 +18,7 @@ import aiohttp
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
@@ -37,6 +38,7 @@ STALL_LIMIT = "2"
 STALLED = "the environment's worker process was killed because its event loop stalled (SIGKILL)"
 #: A blocking call that only the kill ends.
 FOREVER = {"seconds": 3600}
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 #: How long the load test keeps every episode busy: several stall limits.
 LOAD_S = 4 * float(STALL_LIMIT)
 
@@ -300,3 +302,31 @@ async def test_load_alone_never_trips_the_stall_limit(tmp_path: Path) -> None:
                 assert await runs_of(door[name], sid) == {"echo_tag": 1}
         assert children(serve.proc.pid) == workers
     assert log_lines(log, "worker_killed") == [] and log_lines(log, "level=ERROR") == []
+
+
+async def test_new_episodes_go_around_a_worker_whose_loop_is_held(tmp_path: Path) -> None:
+    """Long before the stall limit (the default here), a worker whose loop one call holds takes no
+    new episode: with it the only worker, health says NOT_SERVING and creations are refused, to be
+    retried, rather than sent to wait behind the stall; once its loop runs again, it takes them."""
+    log = tmp_path / "serve.log"
+    with serve_stalls(log, "--workers", "1", stall_limit="60") as serve:
+        async with doors(serve) as door, grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub, health = pb_grpc.EnvironmentServiceStub(channel), health_pb2_grpc.HealthStub(channel)
+            busy = await door["grpc"].episode("busy")
+            worker_pid = await pid_of(door["grpc"], busy)
+            held = asyncio.ensure_future(door["grpc"].output(busy, "block_loop", {"seconds": 12}))
+            await eventually(lambda: _health_is(health, NOT_SERVING), "health to say the one worker is stalled")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await grpc_episode(stub, "refused", env_name=ENV_NAME)
+            trailers = dict(refused.value.trailing_metadata() or ())
+            assert trailers[ERROR_REASON_METADATA_KEY] == "ERROR_REASON_ENVIRONMENT_STARTING"
+            assert "stalled" in refused.value.details()
+            assert (await held)[0] == "slept"  # its own call went on: nothing was killed
+            await eventually(lambda: _health_is(health, SERVING), "health to say the worker serves again")
+            fresh = await door["grpc"].episode("fresh")
+            assert await pid_of(door["grpc"], fresh) == worker_pid
+    assert log_lines(log, "worker_killed") == []
+
+
+async def _health_is(health: health_pb2_grpc.HealthStub, status: int) -> bool:
+    return (await health.Check(health_pb2.HealthCheckRequest())).status == status
