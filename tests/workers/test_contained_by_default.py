@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import children
+from tests.support.processes import children, descendants
 from tests.support.reliability_helpers import grpc_call, grpc_episode, grpc_stub
 from tests.support.servers import ROOT, ServeProcess, run_serve
 
@@ -105,10 +105,23 @@ def test_a_class_defined_in_the_serving_script_runs_in_workers_and_its_main_bloc
             run_serve([sys.executable, str(script)], cwd=tmp_path, env=_env(), stderr=stderr) as serve:
         answer, pid = asyncio.run(_guess(serve))  # the tool's input model is the script's own class too
         assert answer == "correct" and pid in children(serve.proc.pid)
-        workers = children(serve.proc.pid)
     assert (tmp_path / "ran").read_text().split() == [str(serve.proc.pid)]  # in no worker
-    assert len(workers) >= 1
     assert "serving_in_process" not in (tmp_path / "stderr").read_text()
+
+
+def test_a_script_without_a_main_guard_stops_where_it_would_serve_in_a_worker(tmp_path: Path) -> None:
+    """As multiprocessing's spawn would run it again in full, recursively: here each worker runs the
+    script up to `Server(...).run()`, and stops there with its classes defined."""
+    script = tmp_path / "guess_script.py"
+    script.write_text(SCRIPT_ENVIRONMENT + SERVE_IT.format(config="").replace(
+        'if __name__ == "__main__":', "if True:  # no main guard"))
+    with run_serve([sys.executable, str(script)], cwd=tmp_path, env=_env()) as serve:
+        answer, pid = asyncio.run(_guess(serve))
+        workers = children(serve.proc.pid)
+        assert answer == "correct" and pid in workers
+        assert sorted(descendants(serve.proc.pid)) == workers  # no worker started a server of its own
+    ran = (tmp_path / "ran").read_text().split()
+    assert ran[0] == str(serve.proc.pid) and sorted(int(p) for p in ran[1:]) == workers
 
 
 def test_a_class_with_no_script_file_is_served_in_process_and_one_line_says_why(tmp_path: Path) -> None:

@@ -99,9 +99,27 @@ def load(spec: str) -> Any:
     return found
 
 
+class ScriptServes(BaseException):
+    """Raised in a worker when the server's script, loaded there, would serve
+    (`Server(...).run()` outside a main guard): the script stops there, its
+    classes defined. A BaseException, so that the script's own `except
+    Exception` does not swallow it."""
+
+
+#: Whether this process is loading the server's main script (a worker).
+_loading_main_script = False
+
+
+def stop_a_script_serving_in_a_worker() -> None:
+    """Called by `Server.run`: in a worker loading the server's script, end the script's run there."""
+    if _loading_main_script:
+        raise ScriptServes()
+
+
 def _load_main_script(path: str) -> Any:
     """The server's main script, run once in this process as `MAIN_SCRIPT_MODULE` (also `__main__`,
-    so that values the server sends of its classes find them)."""
+    so that values the server sends of its classes find them), up to where it would serve."""
+    global _loading_main_script
     module = sys.modules.get(MAIN_SCRIPT_MODULE)
     if module is not None and getattr(module, "__file__", None) == path:
         return module
@@ -110,7 +128,13 @@ def _load_main_script(path: str) -> Any:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[MAIN_SCRIPT_MODULE] = sys.modules["__main__"] = module
-    spec.loader.exec_module(module)
+    _loading_main_script = True
+    try:
+        spec.loader.exec_module(module)
+    except ScriptServes:
+        pass  # a script without a main guard: what it defined before serving is all a worker needs
+    finally:
+        _loading_main_script = False
     return module
 
 
