@@ -76,12 +76,16 @@ def serve() -> Iterator[ServeProcess]:
         yield process
 
 
+def _grpc_episode(stub: pb_grpc.EnvironmentServiceStub, sid: str) -> None:
+    request = pb.CreateEpisodeRequest(session_id=sid, env_name="crashreportenv")
+    request.task_spec.json = "{}"
+    stub.CreateEpisode(request, timeout=30)
+
+
 def test_a_crash_reaches_grpc_as_aborted_with_its_error_info(serve: ServeProcess) -> None:
     with grpc.insecure_channel(serve.grpc_target) as channel:
         stub = pb_grpc.EnvironmentServiceStub(channel)
-        request = pb.CreateEpisodeRequest(session_id="crashed", env_name="crashreportenv")
-        request.task_spec.json = "{}"
-        stub.CreateEpisode(request, timeout=30)
+        _grpc_episode(stub, "crashed")
         with pytest.raises(grpc.RpcError) as caught:
             stub.GetPrompt(pb.GetPromptRequest(session_id="crashed"), timeout=30)
         stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id="crashed"), timeout=30)
@@ -95,14 +99,19 @@ def test_a_crash_reaches_grpc_as_aborted_with_its_error_info(serve: ServeProcess
     assert dict(info.metadata) == {"cause": "signal", "signal": "SIGSEGV"}
 
 
+async def _http_episode(http: aiohttp.ClientSession) -> dict[str, str]:
+    """A new episode of CrashReportEnv over HTTP: the headers of its calls."""
+    async with http.post("/create_session") as response:
+        headers = {"X-Session-ID": (await response.json())["sid"]}
+    async with http.post("/create", json={"env_name": "crashreportenv", "task_spec": {}},
+                         headers=headers) as response:
+        assert response.status == 200, await response.text()
+    return headers
+
+
 async def test_a_crash_reaches_http_as_410_with_its_message(serve: ServeProcess) -> None:
     async with aiohttp.ClientSession(base_url=serve.http_url) as http:
-        async with http.post("/create_session") as response:
-            sid = (await response.json())["sid"]
-        headers = {"X-Session-ID": sid}
-        async with http.post("/create", json={"env_name": "crashreportenv", "task_spec": {}},
-                             headers=headers) as response:
-            assert response.status == 200, await response.text()
+        headers = await _http_episode(http)
         async with http.get("/crashreportenv/prompt", headers=headers) as response:
             assert response.status == 410
             assert "Retry-After" not in response.headers
@@ -116,12 +125,6 @@ async def test_a_crash_reaches_http_as_410_with_its_message(serve: ServeProcess)
 #: What a call in flight answers when its environment's process dies under it (CrashReportEnv's tools).
 CRASHED_IN_FLIGHT = ("the environment's worker process was killed by SIGSEGV; "
                      "the episode's state is lost: start a new episode")
-
-
-def _grpc_episode(stub: pb_grpc.EnvironmentServiceStub, sid: str) -> None:
-    request = pb.CreateEpisodeRequest(session_id=sid, env_name="crashreportenv")
-    request.task_spec.json = "{}"
-    stub.CreateEpisode(request, timeout=30)
 
 
 @pytest.mark.parametrize("tool", ["crash_in_flight", "crash_in_flight_later"])
@@ -159,12 +162,7 @@ def test_the_call_in_flight_when_its_process_dies_is_aborted_on_call_tool_and_ru
 async def test_the_call_in_flight_when_its_process_dies_is_410_before_the_first_byte_and_an_error_with_its_reason_after(
         serve: ServeProcess) -> None:
     async with aiohttp.ClientSession(base_url=serve.http_url) as http:
-        async with http.post("/create_session") as response:
-            sid = (await response.json())["sid"]
-        headers = {"X-Session-ID": sid}
-        async with http.post("/create", json={"env_name": "crashreportenv", "task_spec": {}},
-                             headers=headers) as response:
-            assert response.status == 200, await response.text()
+        headers = await _http_episode(http)
         # At once: nothing was sent yet, so the answer is the status itself.
         async with http.post("/crashreportenv/call", json={"name": "crash_in_flight", "input": {}},
                              headers=headers) as response:
