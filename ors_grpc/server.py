@@ -40,7 +40,9 @@ class Server:
     `run` serves the ORS HTTP API on `port` (through the HTTP bridge, so
     existing ORS clients work unchanged) and gRPC on `grpc_port`, until
     SIGINT, or until SIGTERM has drained it (`config.drain_timeout_s`; see
-    docs/deployment.md, "Draining a backend").
+    docs/deployment.md, "Draining a backend"). The environments' code runs
+    in worker processes, one per CPU, unless `config.workers` says
+    otherwise (0: in this process; docs/deployment.md, "Worker processes").
     """
 
     def __init__(
