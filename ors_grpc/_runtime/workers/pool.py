@@ -272,7 +272,7 @@ class WorkerPool:
         return self._spawner.up and not self._backoff.failing
 
     def _stalled(self, process: WorkerProcess) -> bool:
-        return self._watchdog.stalled(process, self._clock())
+        return self._watchdog.stalled(process)
 
     def serving(self) -> bool:
         """Whether new episodes can be served now (health SERVING)."""

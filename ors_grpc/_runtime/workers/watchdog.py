@@ -36,16 +36,14 @@ def heartbeat_interval_s(stall_limit_s: float) -> float:
     return min(HEARTBEAT_INTERVAL_S, stall_limit_s / 4)
 
 
-def loop_stalled(held_s: float, silent_s: float, heartbeat_s: float) -> bool:
+def loop_stalled(held_s: float, heartbeat_s: float) -> bool:
     """Whether a worker's event loop is stalled now, so that it takes no new
-    episode: one callback has held it, or the worker has been silent, longer
-    than two heartbeat periods (and than `STALL_WARNING_S`, where the worker
-    warns of it). Long before the kill (`stall_verdict`), and above what load
-    makes (docs/workers.md). With no heartbeats (no stall limit), never."""
-    if not heartbeat_s:
-        return False
-    threshold = max(STALL_WARNING_S, 2 * heartbeat_s)
-    return held_s > threshold or silent_s > threshold + heartbeat_s
+    episode: its last heartbeat said one callback has held it longer than
+    two heartbeat periods (and than `STALL_WARNING_S`, where the worker warns
+    of it). Long before the kill (`stall_verdict`), and above what load makes
+    (docs/workers.md). Silence does not count here: heartbeats read late by a
+    busy server would look like it. With no heartbeats (no stall limit), never."""
+    return bool(heartbeat_s) and held_s > max(STALL_WARNING_S, 2 * heartbeat_s)
 
 
 def stall_verdict(held_s: float, silent_s: float, limit_s: float) -> Optional[str]:
@@ -92,9 +90,9 @@ class Watchdog:
             dues.append(self._memory_due if self._memory_due is not None else now + MEMORY_POLL_S)
         return min(dues) if dues else None
 
-    def stalled(self, process: WorkerProcess, now: float) -> bool:
+    def stalled(self, process: WorkerProcess) -> bool:
         """Whether `process`'s loop is stalled now, by its last heartbeat (`loop_stalled`)."""
-        return process.heard_at is not None and loop_stalled(process.held_s, now - process.heard_at, self._heartbeat_s)
+        return loop_stalled(process.held_s, self._heartbeat_s)
 
     def look(self, now: float, processes: Iterable[WorkerProcess]) -> list[Kill]:
         """The kills due now among `processes` (the started ones)."""
