@@ -37,6 +37,10 @@ CALL_EVENTS = """\
 2. zero or more `chunk`, then one `end`: the compact JSON of a `RunToolOutput`, cut into
    pieces of 4096 characters; concatenate the data of every `chunk` and the `end` in order.
 3. or, instead of 2, one `error`: a message (the tool raised; or `unknown task_id` on a reattach).
+   An `error` that stands for a status (the environment's process died under the call:
+   `ERROR_REASON_ENVIRONMENT_CRASHED`, the HTTP 410 it would have been) carries the reason in
+   a `reason:` line, which SSE parsers that do not know it skip; before the first byte the
+   answer is that status itself.
 
 An unknown tool name or input that fails the tool's schema is not an `error`: it is an `end`
 with `{"ok": false, "error": "..."}`. A stream that ends without `end` or `error` (the backend

@@ -32,7 +32,7 @@ from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry
 from ._browsers import browser_checks, install_cors
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
-from ._sse import Event, SSEWriter, chunk_events, done_within, sse_response, wants_event_stream
+from ._sse import Event, SSEWriter, chunk_events, done_within, error_event, sse_response, wants_event_stream
 from . import _openapi, _static, _tracing
 
 __all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
@@ -385,8 +385,10 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
 
     The HTTP status is sent only once the backend has sent the task id, so
     that errors before it (unknown session, setup failed, session deleted,
-    score_group unsupported) are real HTTP statuses; after it, failures are
-    SSE `error` events.
+    score_group unsupported) are real HTTP statuses; so is a status the
+    backend ends the call with (ENVIRONMENT_CRASHED: its process died under
+    it) while no byte has gone out yet. After the first byte, failures are
+    SSE `error` events, a status's carrying its reason.
     """
     outcome: Optional[asyncio.Future] = None
     try:
@@ -402,6 +404,8 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
         outcome = asyncio.ensure_future(stream.read())
         await done_within(outcome, QUICK_RESULT_S)
         if outcome.done():
+            if not outcome.cancelled() and _answered_status(outcome.exception()):
+                raise outcome.exception()  # nothing sent yet: a real HTTP status
             return sse_response([("task_id", first.task_id), *_outcome_events(outcome, result_json)])
         return await _stream_call(request, first.task_id, outcome, result_json)
     finally:
@@ -437,7 +441,7 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
             # The backend went away mid-call: end the stream without `end`,
             # so the client reconnects with the task id instead of giving up.
             return []
-        return [("error", bounded_text(exc.details() or exc.code().name))]
+        return [error_event(bounded_text(exc.details() or exc.code().name), error_reason(exc))]
     if message is grpc.aio.EOF:
         return []
     event = message.WhichOneof("event")
@@ -446,6 +450,12 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
     if event == "failure":
         return [("error", bounded_text(message.failure.message))]
     return []
+
+
+def _answered_status(error: BaseException | None) -> bool:
+    """Whether a task stream ended with the backend's own answer (a status
+    with an ORS reason), not a broken connection."""
+    return isinstance(error, grpc.aio.AioRpcError) and error_reason(error) is not None
 
 
 # --------------------------------------------------------------------------

@@ -233,7 +233,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
                        help="most episodes open at once; more fail with TOO_MANY_SESSIONS (default: no limit)")
     serve.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
-                       help="seconds a tool call may run (default: no limit)")
+                       help="seconds a tool call may run, then it fails (\"tool call timed out\"). In workers, "
+                            "the call is cancelled, and a worker whose call still runs 5 s later is killed and "
+                            "replaced (its episodes lost, and say so). --in-process it cancels an async tool at "
+                            "its next await, but cannot stop sync code in its thread, nor an async def that "
+                            "blocks the event loop (default: no limit)")
     serve.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
                        help="seconds an episode prepared ahead is held unclaimed once set up")
     serve.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
@@ -256,18 +260,24 @@ def _parser() -> argparse.ArgumentParser:
                        help="hand out session ids that name HOST and the door's port (this backend's address as "
                             "the proxy in front knows it: Envoy's stateful sessions route them back here; "
                             "docs/deployment.md)")
-    serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
-                       help="run environments' code in N supervised worker processes (auto: one per CPU "
-                            "this process may use) instead of the server process; environments must be MODULE:CLASS")
+    placement = serve.add_mutually_exclusive_group()
+    placement.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                           help="run environments' code in N supervised worker processes (auto: one per CPU this "
+                                "process may use), where a crash, a kill or a stall costs only that process's "
+                                "episodes (default: auto)")
+    placement.add_argument("--in-process", dest="workers", action="store_const", const=0,
+                           help="run environments' code in the server process instead: for a debugger, or the "
+                                "last third of trivial throughput; a crash or a blocked event loop then takes "
+                                "the whole server with it")
     serve.add_argument("--isolation", choices=["episode"], default=None,
                        help="episode: every episode in a process of its own, which ends with it (a fault costs "
                             "exactly its episode), from a pool of --workers (default 2) started processes")
     serve.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
-                       help="with --workers: a worker whose resident memory passes MIB is killed and replaced "
+                       help="a worker whose resident memory passes MIB is killed and replaced "
                             "(its episodes are lost, and say so)")
     serve.add_argument("--worker-stall-limit", type=_non_negative_number, default=DEFAULT_STALL_LIMIT_S,
                        metavar="SECONDS",
-                       help="with --workers or --isolation: a worker whose event loop one piece of code holds for "
+                       help="a worker (or episode process) whose event loop one piece of code holds for "
                             "SECONDS (measured in the worker, off its loop: a blocking call in an async def, a "
                             "spin), or that stops reporting for as long (a frozen process), is killed and replaced "
                             "(its episodes are lost, and say so), with or without --tool-timeout; 0: never. Load "
@@ -439,7 +449,10 @@ def _configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and args.isolation and args.workers == 0:
+        parser.error("argument --isolation: not allowed with argument --in-process")
     _configure_logging(args.log_level)
     command = {"serve": _serve, "bridge": _bridge, "drain": _drain}[args.command]
     try:

@@ -22,7 +22,7 @@ import logging
 import signal
 import socket
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Iterator, Sequence
 
 import grpc
@@ -32,14 +32,18 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
-from ors_grpc._runtime.service import environment_map
-from ors_grpc._runtime.workers.startup import WorkerStartupError
+from ors_grpc._runtime.service import environment_map, toolset_map
+from ors_grpc._runtime.workers.placement import worker_count
+from ors_grpc._runtime.workers.startup import WorkerStartupError, unimportable
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments", "drain", "serve"]
+__all__ = [
+    "BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments",
+    "contained_by_default", "drain", "serve",
+]
 
 #: How to install the MCP door's SDK, which is an extra (pyproject.toml says why).
 MCP_EXTRA_INSTALL = "pip install 'ors-grpc[mcp]'"
@@ -86,10 +90,14 @@ async def serve(
     session left is torn down. With TLS every door serves it, from the same
     certificate and key."""
     names = check_environments(environments)
+    config = contained_by_default(environments, toolsets, config)
     ssl_context = https_context(config.tls_cert, config.tls_key)
     start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     policy = _browser_policy(host, config.allowed_hosts, config.allowed_origins)
-    await _bind("gRPC", host, port, _probe_port(host, port))
+    # Every door's port is checked before worker processes start (a port in use is one line, at once).
+    for door, door_port in (("gRPC", port), ("HTTP", http_port), ("MCP", mcp_port), ("metrics", metrics_port)):
+        if door_port is not None:
+            await _bind(door, host, door_port, _probe_port(host, door_port))
     try:
         server, bound_port = await _bind(
             "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
@@ -129,6 +137,23 @@ async def serve(
         # first would wait for it for aiohttp's shutdown timeout (60 s).
         await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
     logger.info("server_stopped")
+
+
+def contained_by_default(
+    environments: Sequence[type[Environment]], toolsets: Any, config: ServerConfig
+) -> ServerConfig:
+    """`config` with the default of a server that owns its process: environments' code in one
+    worker process per CPU, unless `config.workers` says otherwise (0: in-process). Where workers
+    could not load a class (made at run time, or in `__main__` with no script file), the code
+    runs in-process, and one log line says why."""
+    if config.workers is not None or config.isolation is not None:
+        return config
+    why = unimportable(environments, toolset_map(toolsets).values())
+    if why is not None:
+        logger.warning("serving_in_process reason=%r: its faults and stalls reach the server "
+                       "(docs/reliability.md)", why)
+        return replace(config, workers=0)
+    return replace(config, workers=worker_count("auto"))
 
 
 #: Seconds between the progress reports of `drain --wait`.

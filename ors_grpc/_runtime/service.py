@@ -330,6 +330,8 @@ async def _scoring_outcome_event(session: Session, call: ToolCallTask) -> pb.Sco
     """Waits for a scoring to end: its scores, or its failure."""
     outcome = await call.outcome()
     session.touch()
+    if outcome.error is not None:
+        raise outcome.error
     if outcome.failure is None:
         return pb.ScoreGroupResponse(result=pb.ScoreGroupResult(scores=_convert.group_scores_to_proto(outcome.result)))
     return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
@@ -339,9 +341,12 @@ async def _write_outcome(session: Session, call: ToolCallTask, event: pb.CallToo
     """Waits for a call to end and writes its result, or its failure when the
     tool raised, into `event` (a CallTool event, or a RunEpisode answer's
     `call_tool`): the result message is copied once, not once per enclosing
-    message a constructor would copy it into. Returns the outcome."""
+    message a constructor would copy it into. Returns the outcome; raises the
+    error of a call whose environment's process ended under it."""
     outcome = await call.outcome()
     session.touch()
+    if outcome.error is not None:
+        raise outcome.error
     if outcome.message is not None:
         event.result.CopyFrom(outcome.message)
     elif outcome.result is not None:

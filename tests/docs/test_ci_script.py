@@ -1,4 +1,5 @@
-"""`.ci/run` runs the README's own test command, then the worker-mode pass over test files that exist."""
+"""`.ci/run` runs the README's own test command (environments' code in worker processes, the
+default), then the in-process pass over test files that exist."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ def test_ci_runs_the_readmes_test_command_as_written() -> None:
     assert command in CI_SCRIPT.read_text().splitlines()
 
 
-def test_the_worker_mode_pass_names_test_files_that_exist_outside_tests_workers() -> None:
+def test_the_in_process_pass_names_test_files_that_exist_outside_tests_workers() -> None:
     script = CI_SCRIPT.read_text()
-    files = re.search(r'^WORKER_MODE_TESTS="(.*?)"$', script, re.DOTALL | re.MULTILINE).group(1).split()
+    files = re.search(r'^ENVIRONMENT_CODE_TESTS="(.*?)"$', script, re.DOTALL | re.MULTILINE).group(1).split()
     assert files
     assert [path for path in files if not (ROOT / path).exists()] == []  # files, or a folder of them
     assert [path for path in files if path.startswith("tests/workers/")] == []  # they choose their own modes
-    assert 'ORS_TEST_SERVE_ARGS="--workers 2" pytest -q $WORKER_MODE_TESTS' in script
+    assert 'ORS_TEST_SERVE_ARGS="--in-process" pytest -q $ENVIRONMENT_CODE_TESTS' in script
