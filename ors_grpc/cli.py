@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import math
 import os
@@ -32,11 +31,11 @@ from typing import Any, Callable, NoReturn, Sequence
 # them on, every fork of an environment logs "skipping fork() handlers".
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
+from ors_grpc import __version__, serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
 from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, worker_count  # noqa: E402
-from ors_grpc.authoring.environment import Environment  # noqa: E402
+from ors_grpc.loading import load_environment, load_toolset  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -56,47 +55,6 @@ DEFAULT_LOG_LEVEL = "INFO"
 DEFAULT_BRIDGE_HTTP_PORT = 8080
 
 logger = logging.getLogger("ors_grpc.cli")
-
-
-def load_environment(spec: str) -> type:
-    """Import the Environment class `module.path:ClassName` (see `_import_class`)."""
-    found = _import_class(spec, "environment")
-    if not (isinstance(found, type) and issubclass(found, Environment)):
-        hint = ""
-        if isinstance(found, type) and any(base.__module__.split(".")[0] == "ors" for base in found.__mro__):
-            hint = " (it subclasses the reference SDK's: import Environment from ors_grpc instead of ors)"
-        raise StartupError(f"{spec} is not a subclass of ors_grpc.Environment{hint}")
-    return found
-
-
-def load_toolset(spec: str) -> type:
-    """Import the toolset class `module.path:ClassName` (see `_import_class`)."""
-    found = _import_class(spec, "toolset")
-    if not isinstance(found, type):
-        raise StartupError(f"toolset {spec} is not a class")
-    return found
-
-
-def _import_class(spec: str, what: str) -> object:
-    """Import `module.path:ClassName` (the current directory is importable).
-
-    An exception raised while the module itself runs propagates, with the
-    traceback into the user's own code."""
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise StartupError(f"{what} must look like module.path:ClassName, got {spec!r}")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise  # the user's module imports something missing: show where
-        raise StartupError(f"cannot import {module_name!r}: {exc}") from None
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise StartupError(f"module {module_name!r} has no attribute {class_name!r}") from None
 
 
 def _port(text: str) -> int:
@@ -168,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     log_level = {"type": str.upper, "choices": LOG_LEVELS, "metavar": "LEVEL"}
     levels = ", ".join(LOG_LEVELS)
     parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL, help=f"logging level on stderr: {levels}", **log_level)
+    parser.add_argument("--version", action="version", version=f"ors-grpc {__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bridge,drain}")
     # Subcommand options too (`ors-grpc serve --log-level DEBUG`); SUPPRESS
     # keeps the main parser's value when it is not given here.

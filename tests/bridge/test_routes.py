@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from ors_grpc._runtime.tool_calls import EPISODE_FINISHED
+from ors_grpc.protocol.constants import DEFAULT_MAX_MESSAGE_BYTES
 from tests.support.bridge_http import call, create_episode, new_session_id, parse_sse, read_sse
 from tests.support.environments import TEST_TASKS, TRAIN_TASKS
 from tests.support.servers import ServeProcess, start_serve
@@ -341,12 +342,22 @@ async def test_wrong_field_types_name_the_field(http: aiohttp.ClientSession) -> 
         assert (await response.json())["detail"].startswith("index:")
 
 
-async def test_oversized_bodies_get_413(serve: ServeProcess) -> None:
+async def test_oversized_bodies_get_413_naming_the_limit(serve: ServeProcess) -> None:
+    limit = DEFAULT_MAX_MESSAGE_BYTES
+    big = b'{"split": "' + b"x" * limit + b'"}'
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: refused once the limit is read
+        for start in range(0, len(big), 1 << 20):
+            yield big[start:start + (1 << 20)]
+
     async with aiohttp.ClientSession(base_url=serve.http_url) as http:
-        big = b'{"split": "' + b"x" * (32 * 1024 * 1024) + b'"}'
         async with http.post("/echoenv/tasks", data=big) as response:
-            assert response.status == 413
-            assert "detail" in await response.json()
+            assert (response.status, await response.json()) == (413, {"detail": (
+                f"Request Entity Too Large: the request body is {len(big)} bytes, "
+                f"over the server's body limit of {limit} bytes")})
+        async with http.post("/echoenv/tasks", data=chunked()) as response:
+            assert (response.status, await response.json()) == (413, {"detail": (
+                f"Request Entity Too Large: the request body is over the server's body limit of {limit} bytes")})
 
 
 async def test_unknown_routes_and_methods_answer_json(http: aiohttp.ClientSession) -> None:

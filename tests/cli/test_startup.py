@@ -112,8 +112,10 @@ def test_a_host_that_is_not_this_machines_is_one_line() -> None:
                     "tests/environments/test_beside_openreward.py shows this where it is not")
 @pytest.mark.parametrize("command", [["serve", "--port", "0"], ["bridge", "--backend", "127.0.0.1:50051"]])
 def test_the_mcp_door_without_the_mcp_extra_is_one_line_naming_the_install_command(command: list[str]) -> None:
+    # This virtualenv has the project installed editable from ROOT: the command says so, runnable from anywhere.
     assert_startup_error(run_cli(*command, "--mcp-port", "0"),
-                         "the MCP door (--mcp-port) needs the mcp extra", "pip install 'ors-grpc[mcp]'")
+                         "the MCP door (--mcp-port) needs the mcp extra, which is not installed (missing: the MCP SDK 'mcp'",
+                         f"): pip install -e '{ROOT}[mcp]'")
 
 
 # Environments ----------------------------------------------------------------
