@@ -34,9 +34,11 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ors_grpc import __version__, serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
-from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, worker_count  # noqa: E402
+from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, KILL_GRACE_S, worker_count  # noqa: E402
 from ors_grpc.loading import load_environment, load_toolset  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
+    API_KEY_HEADER,
+    API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
@@ -118,6 +120,11 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+#: What the option groups of `serve --help` say about the modes environments' code runs in.
+_MODES = ("in-process: the server process runs environments' code (no --workers); --workers N: N supervised "
+          "worker processes run it, an episode in one; --isolation episode: a process per episode")
+
+
 def _parser() -> argparse.ArgumentParser:
     formatter = _HelpFormatter
     parser = _ArgumentParser(
@@ -135,67 +142,12 @@ def _parser() -> argparse.ArgumentParser:
         "default": argparse.SUPPRESS, "help": f"logging level on stderr: {levels} (default: {DEFAULT_LOG_LEVEL})",
         **log_level,
     }
-
-    serve = commands.add_parser(
+    _serve_parser(commands.add_parser(
         "serve", help="serve environments over gRPC (and HTTP with --http-port)", formatter_class=formatter,
-        description="Serve environments over gRPC, and the ORS HTTP/SSE API with --http-port.",
-    )
-    serve.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
-                       help="module.path:ClassName of an environment to serve; the first is the default one "
-                       f"(default: {DEFAULT_ENVIRONMENT})")
-    serve.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
-    serve.add_argument("--port", "--grpc-port", dest="port", type=_port, default=50051, metavar="PORT",
-                       help="gRPC port (0: any free port)")
-    serve.add_argument("--http-port", type=_port, metavar="PORT", default=None,
-                       help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
-    serve.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
-    serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
-    serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
-    serve.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
-                       metavar="SECONDS", help="seconds before an idle session is reaped")
-    serve.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
-                       help="most episodes open at once; more fail with TOO_MANY_SESSIONS (default: no limit)")
-    serve.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
-                       help="seconds a tool call may run (default: no limit)")
-    serve.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
-                       help="seconds an episode prepared ahead is held unclaimed once set up")
-    serve.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
-                       metavar="SECONDS",
-                       help="seconds a prepared episode's setup may take from its prepare, then it is cancelled")
-    serve.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
-                       metavar="BYTES", help="largest gRPC message and HTTP body, either way")
-    serve.add_argument("--tls-cert", default=None, metavar="FILE",
-                       help="PEM certificate chain: serve TLS on the gRPC and HTTP doors (needs --tls-key)")
-    serve.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
-    serve.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
-                       help="register a Toolset that episodes may attach by name (toolset_name); repeatable")
-    serve.add_argument("--setup-wait", type=_positive_number(float), default=DEFAULT_SETUP_WAIT_S, metavar="SECONDS",
-                       help="seconds a session call waits for setup before answering 'still starting' (503)")
-    serve.add_argument("--drain-timeout", type=_non_negative_number, default=DEFAULT_DRAIN_TIMEOUT_S,
-                       metavar="SECONDS",
-                       help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served before "
-                            "they are ended (0: at once); new episodes are refused meanwhile")
-    serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
-                       help="run environments' code in N supervised worker processes (auto: one per CPU "
-                            "this process may use) instead of the server process; environments must be MODULE:CLASS")
-    serve.add_argument("--isolation", choices=["episode"], default=None,
-                       help="episode: every episode in a process of its own, which ends with it (a fault costs "
-                            "exactly its episode), from a pool of --workers (default 2) started processes")
-    serve.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
-                       help="with --workers: a worker whose resident memory passes MIB is killed and replaced "
-                            "(its episodes are lost, and say so)")
-    serve.add_argument("--worker-stall-limit", type=_non_negative_number, default=DEFAULT_STALL_LIMIT_S,
-                       metavar="SECONDS",
-                       help="with --workers or --isolation: a worker whose event loop one piece of code holds for "
-                            "SECONDS (measured in the worker, off its loop: a blocking call in an async def, a "
-                            "spin), or that stops reporting for as long (a frozen process), is killed and replaced "
-                            "(its episodes are lost, and say so), with or without --tool-timeout; 0: never. Load "
-                            "slows a loop but never holds it: the default is far above anything load makes")
-    serve.add_argument("--log-level", **sub_log_level)
-    _add_http_limits(serve)
-    _add_browser_options(serve)
-
+        description="Serve environments over gRPC, the ORS HTTP/SSE API with --http-port and MCP with --mcp-port. "
+                    f"Where environments' code runs: {_MODES}. SIGTERM drains (see --drain-timeout); SIGINT "
+                    "(Ctrl-C), or a second signal, stops at once.",
+    ), sub_log_level)
     drain = commands.add_parser(
         "drain", help="drain a running `ors-grpc serve` on this host", formatter_class=formatter,
         description="Ask an `ors-grpc serve` on this host to drain (as SIGTERM does): it turns NOT_SERVING, "
@@ -206,37 +158,158 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     drain.add_argument("--wait", action="store_true", help="report until the server has exited")
     drain.add_argument("--log-level", **sub_log_level)
-
-    bridge = commands.add_parser(
+    _bridge_parser(commands.add_parser(
         "bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend", formatter_class=formatter,
-        description="Serve the ORS HTTP/SSE API, translating each request onto a remote gRPC backend.",
-    )
-    bridge.add_argument("--backend", required=True, type=_backend_target, metavar="HOST:PORT",
-                        help="the ors-grpc gRPC backend (or a load balancer in front of several)")
-    bridge.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
-    bridge.add_argument("--http-port", type=_port, metavar="PORT", default=None,
-                        help="HTTP port (0: any free port; none when only --mcp-port is given) (default: 8080)")
-    bridge.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
-    bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
-    bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
-                        metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
-    bridge.add_argument("--max-body-bytes", type=_positive_number(int), default=None,
-                        metavar="BYTES", help="largest HTTP request body (default: as --max-message-bytes)")
-    bridge.add_argument("--tls-cert", default=None, metavar="FILE",
-                        help="PEM certificate chain: serve HTTPS (needs --tls-key)")
-    bridge.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
-    bridge.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
-                        help="reach the backend over TLS, trusting this PEM root certificate")
-    bridge.add_argument("--backend-tls-server-name", default=None, metavar="NAME",
-                        help="the name to check in the backend's certificate (default: the backend host)")
-    bridge.add_argument("--log-level", **sub_log_level)
-    _add_http_limits(bridge)
-    _add_browser_options(bridge)
+        description="Serve the ORS HTTP/SSE API (and MCP with --mcp-port), translating each request onto a remote "
+                    "gRPC backend (an `ors-grpc serve`, or a load balancer in front of several). It holds no "
+                    "episode: environments' code and its limits are the backend's.",
+    ), sub_log_level)
     return parser
 
 
-def _add_http_limits(parser: argparse.ArgumentParser) -> None:
+def _serve_parser(serve: argparse.ArgumentParser, log_level: dict[str, Any]) -> None:
+    code = serve.add_argument_group("environments' code", "What is served, and where its code runs.")
+    code.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
+                      help="an environment to serve, as module.path:ClassName (the current directory is importable) "
+                           "or path/to/file.py:ClassName; the first is the default one "
+                           f"(default: {DEFAULT_ENVIRONMENT})")
+    code.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
+                      help="register a Toolset that episodes may attach by name (toolset_name); as ENV, a module "
+                           "or a file; repeatable (default: none)")
+    code.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                      help="run environments' code in N supervised worker processes (auto: one per CPU this "
+                           "process may use), each episode in one for its whole life; a worker that crashes, "
+                           "stalls or passes a limit is replaced and costs only its own episodes. The classes "
+                           "must be importable by module (not defined in __main__) "
+                           "(default: in-process, in the server process)")
+    code.add_argument("--isolation", choices=["episode"], default=None,
+                      help="episode: every episode in a process of its own that ends with it (a fault costs "
+                           "exactly its episode), forked from a template that imported the environments, from a "
+                           "pool of --workers (default 2) started processes (default: none: episodes share the "
+                           "server process or the --workers)")
+
+    doors = serve.add_argument_group(
+        "doors", "Where clients reach the server: gRPC always, HTTP and MCP on request; every door binds --host and "
+                 "shares --api-key, TLS and the browser rules.")
+    doors.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
+    doors.add_argument("--port", "--grpc-port", dest="port", type=_port, default=50051, metavar="PORT",
+                       help="gRPC port (0: any free port)")
+    doors.add_argument("--http-port", type=_port, metavar="PORT", default=None,
+                       help="also serve the ORS HTTP/SSE API (the reference clients' door, the playground at /, "
+                            "API docs at /docs) on this port (0: any free port) (default: no HTTP door)")
+    doors.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
+                       help="also serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free "
+                            "port); needs the mcp extra (default: no MCP door)")
+    doors.add_argument("--api-key", default=None,
+                       help=f"require this key on every call but health: gRPC metadata {API_KEY_METADATA_KEY}, "
+                            f"HTTP header {API_KEY_HEADER} or Authorization: Bearer (default: no key)")
+    doors.add_argument("--tls-cert", default=None, metavar="FILE",
+                       help="PEM certificate chain: serve TLS on every door (needs --tls-key) (default: plaintext)")
+    doors.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
+    _add_browser_options(doors)
+
+    limits = serve.add_argument_group(
+        "limits", "What one client or one environment may take. Each applies the same in every mode unless its "
+                  "help says otherwise; the server measures every time limit, outside environments' code.")
+    limits.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="seconds without a call or ping after which a session's episode is ended and torn down")
+    limits.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
+                        help="most episodes open (or prepared) at once; more are refused TOO_MANY_SESSIONS (HTTP "
+                             "429). With --isolation episode also the most episode processes (default: no limit)")
+    limits.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
+                        help="seconds a tool call may run before its caller is answered 'tool call timed out' (the "
+                             "session lives on). In-process it cannot stop the code: an async def tool is cancelled "
+                             "at its next await, but sync code in a thread runs on until it returns (a hang holds "
+                             "its thread for good), and code that holds the event loop (a blocking call in an async "
+                             "def, sync code placed on the loop) delays the answer itself until it lets go. With "
+                             "--workers the timer is in the server: the caller is answered on time, the call is "
+                             f"cancelled in the worker, and a call still running {KILL_GRACE_S:g} s later gets its "
+                             "worker killed and replaced (its episodes are lost, and say so). With --isolation "
+                             "episode the same, costing only that episode (default: no limit)")
+    limits.add_argument("--setup-wait", type=_positive_number(float), default=DEFAULT_SETUP_WAIT_S, metavar="SECONDS",
+                        help="seconds a session call waits for the episode's setup() before answering 'still "
+                             "starting' (HTTP 503, retried by the clients); setup() itself goes on")
+    limits.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
+                        metavar="BYTES", help="largest gRPC message and HTTP body, either way (HTTP 413 over it)")
+    limits.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
+                        help="with --workers or --isolation: a process whose resident memory passes MIB (read "
+                             "every second) is killed and replaced, before the machine's OOM killer picks one (its "
+                             "episodes are lost, and say so). In-process no limit applies (default: no limit)")
+    limits.add_argument("--worker-stall-limit", type=_non_negative_number, default=DEFAULT_STALL_LIMIT_S,
+                        metavar="SECONDS",
+                        help="with --workers or --isolation: a process whose event loop one piece of code holds for "
+                             "SECONDS (a blocking call in an async def, a spin), or that stops reporting for as long "
+                             "(a frozen process), is killed and replaced (its episodes are lost, and say so), with "
+                             "or without --tool-timeout; 0: never. Load slows a loop but never holds it: the default "
+                             "is far above anything load makes. In-process a held loop freezes every episode; the "
+                             "server logs a WARNING naming the code")
+    _add_http_limits(limits)
+
+    fleet = serve.add_argument_group(
+        "fleet", "Running several servers behind a load balancer: draining for a rolling deploy, and episodes "
+                 "prepared ahead (PrepareEpisodes, /{env}/prepare) for a /create to claim.")
+    fleet.add_argument("--drain-timeout", type=_non_negative_number, default=DEFAULT_DRAIN_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served, health "
+                            "NOT_SERVING and new episodes refused, before they are ended and the server exits "
+                            "(0: at once); SIGINT or a second signal stops at once")
+    fleet.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
+                       help="seconds an episode prepared ahead is held unclaimed once set up, then torn down")
+    fleet.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="seconds a prepared episode's construction and setup() may take from its prepare, "
+                            "then it is cancelled and torn down")
+
+    observability = serve.add_argument_group(
+        "observability", "Logs go to stderr; tracing is on when the OTEL_* environment asks for it "
+                         "(docs/deployment.md).")
+    observability.add_argument("--metrics-port", type=_port, metavar="PORT", default=None,
+                               help="serve Prometheus /metrics on this port (0: any free port); worker processes "
+                                    "are read from the server (default: no metrics door)")
+    observability.add_argument("--log-level", **log_level)
+
+
+def _bridge_parser(bridge: argparse.ArgumentParser, log_level: dict[str, Any]) -> None:
+    backend = bridge.add_argument_group("backend", "The gRPC server every request is translated onto.")
+    backend.add_argument("--backend", required=True, type=_backend_target, metavar="HOST:PORT",
+                         help="the ors-grpc gRPC backend (or a load balancer in front of several)")
+    backend.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
+                         help="reach the backend over TLS, trusting this PEM root certificate (default: plaintext)")
+    backend.add_argument("--backend-tls-server-name", default=None, metavar="NAME",
+                         help="the name to check in the backend's certificate (default: the backend host)")
+
+    doors = bridge.add_argument_group(
+        "doors", "Where clients reach the bridge; API keys are passed on to the backend, which checks them.")
+    doors.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
+    doors.add_argument("--http-port", type=_port, metavar="PORT", default=None,
+                       help="HTTP port (0: any free port; none when only --mcp-port is given) "
+                            f"(default: {DEFAULT_BRIDGE_HTTP_PORT})")
+    doors.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
+                       help="also serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free "
+                            "port); needs the mcp extra (default: no MCP door)")
+    doors.add_argument("--tls-cert", default=None, metavar="FILE",
+                       help="PEM certificate chain: serve HTTPS (needs --tls-key) (default: plaintext)")
+    doors.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
+    _add_browser_options(doors)
+
+    limits = bridge.add_argument_group(
+        "limits", "What one client may send; the limits of environments' code are the backend's.")
+    limits.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
+                        metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
+    limits.add_argument("--max-body-bytes", type=_positive_number(int), default=None,
+                        metavar="BYTES", help="largest HTTP request body, HTTP 413 over it (default: as "
+                                              "--max-message-bytes)")
+    _add_http_limits(limits)
+
+    observability = bridge.add_argument_group("observability", "Logs go to stderr.")
+    observability.add_argument("--metrics-port", type=_port, metavar="PORT", default=None,
+                               help="serve Prometheus /metrics on this port (0: any free port) "
+                                    "(default: no metrics door)")
+    observability.add_argument("--log-level", **log_level)
+
+
+def _add_http_limits(parser: Any) -> None:
     """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
     defaults = serving.HttpLimits()
     parser.add_argument("--http-header-timeout", type=_positive_number(float), default=defaults.header_timeout_s,
@@ -257,7 +330,7 @@ def _workers(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of workers (at least 1) or auto, got {value!r}") from None
 
 
-def _add_browser_options(parser: argparse.ArgumentParser) -> None:
+def _add_browser_options(parser: Any) -> None:
     """Which Host and Origin the HTTP and MCP doors serve (ors_grpc/protocol/browser_policy.py)."""
     parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME[:PORT]",
                         help="also serve requests whose Host is NAME (NAME:PORT: that port only; NAME:*: any port), "

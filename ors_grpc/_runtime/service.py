@@ -432,8 +432,16 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             return None
 
     async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
+        """Task `index` of `split`. A negative index counts from the end, as the reference's
+        `tasks[index]` does, for every environment: -1 is the last task (docs/http-bridge.md)."""
         catalog = self._sessions.hosts.catalog(env_cls)
         await self._check_split(catalog, split)
+        if index < 0:
+            with _environment_code():
+                count = await catalog.num_tasks(split)
+            if index < -count:
+                raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, invalid_index(index, split, count))
+            index += count
         try:
             with _environment_code(answered=(IndexError,)):
                 return await catalog.get_task(split, index)

@@ -16,6 +16,10 @@ from tests.support.bridge_http import call, create_episode, new_session_id, pars
 from tests.support.environments import TEST_TASKS, TRAIN_TASKS
 from tests.support.servers import ServeProcess, start_serve
 
+#: The refusals of a bad split and index: the reference's words first, then what is valid.
+BAD_SPLIT = "Invalid split: 'nope' is not a split of echoenv (its splits: train, test)"
+RANGE = "which has 3 tasks (0 to 2, or -3 to -1 from the end)"
+
 ENVIRONMENTS = ["tests.support.environments:EchoEnv", "tests.support.environments:SlowSetupEnv", "tests.support.environments:FailingSetupEnv"]
 
 
@@ -72,17 +76,28 @@ async def test_tasks_are_lossless_and_aliases_work(http: aiohttp.ClientSession) 
             assert await response.json() == {"tasks": TRAIN_TASKS[-2:], "env_name": "echoenv"}
 
 
+async def test_a_negative_index_counts_from_the_end_as_in_the_reference(http: aiohttp.ClientSession) -> None:
+    async with http.post("/echoenv/task", json={"split": "train", "index": -1}) as response:
+        assert await response.json() == {"task": TRAIN_TASKS[-1], "env_name": "echoenv"}
+    sid = await create_episode(http, {"split": "test", "index": -2})
+    async with http.get("/echoenv/prompt", headers={"X-Session-ID": sid}) as response:
+        assert (await response.json())[0]["text"] == TEST_TASKS[-2]["question"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "detail"),
     [
-        ("/echoenv/tasks", {"split": "nope"}, 400, "Invalid split"),
-        ("/echoenv/num_tasks", {"split": "nope"}, 400, "Invalid split"),
-        ("/echoenv/task", {"split": "train", "index": 3}, 400, "Invalid index"),
-        ("/echoenv/task", {"split": "train", "index": 2**80}, 400, "Invalid index"),
-        ("/echoenv/task_range", {"split": "nope"}, 400, "Invalid split"),
+        ("/echoenv/tasks", {"split": "nope"}, 400, BAD_SPLIT),
+        ("/echoenv/num_tasks", {"split": "nope"}, 400, BAD_SPLIT),
+        ("/echoenv/task", {"split": "train", "index": 3}, 400, f"Invalid index: 3 is out of range for split 'train', {RANGE}"),
+        ("/echoenv/task", {"split": "train", "index": -4}, 400, f"Invalid index: -4 is out of range for split 'train', {RANGE}"),
+        # Clamped to int64 on the hop (no split has 2^63 tasks).
+        ("/echoenv/task", {"split": "train", "index": 2**80}, 400,
+         f"Invalid index: {2**63 - 1} is out of range for split 'train', {RANGE}"),
+        ("/echoenv/task_range", {"split": "nope"}, 400, BAD_SPLIT),
     ],
 )
-async def test_discovery_errors(http: aiohttp.ClientSession, path: str, body: dict, status: int, detail: str) -> None:
+async def test_discovery_errors_say_what_is_valid(http: aiohttp.ClientSession, path: str, body: dict, status: int, detail: str) -> None:
     async with http.post(path, json=body) as response:
         assert response.status == status
         assert await response.json() == {"detail": detail}
@@ -155,7 +170,8 @@ async def test_full_episode(http: aiohttp.ClientSession) -> None:
         async with http.post(path, headers=headers) as response:
             assert (response.status, await response.json()) == (200, {"sid": sid})
     async with http.post("/ping", headers=headers) as response:
-        assert (response.status, await response.json()) == (404, {"detail": "Active environment not found"})
+        assert (response.status, await response.json()) == (
+            404, {"detail": f"Active environment not found: no open episode has session id {sid!r}"})
 
 
 async def test_episode_from_a_task_spec_keeps_user_json(http: aiohttp.ClientSession) -> None:
@@ -168,9 +184,10 @@ async def test_episode_from_a_task_spec_keeps_user_json(http: aiohttp.ClientSess
 @pytest.mark.parametrize(
     ("body", "status", "detail"),
     [
-        ({"split": "nope", "index": 0}, 400, "Invalid split"),
-        ({"split": "train", "index": 9}, 400, "Invalid index"),
-        ({"env_name": "nope", "split": "train", "index": 0}, 404, "unknown environment 'nope'"),
+        ({"split": "nope", "index": 0}, 400, BAD_SPLIT),
+        ({"split": "train", "index": 9}, 400, f"Invalid index: 9 is out of range for split 'train', {RANGE}"),
+        ({"env_name": "nope", "split": "train", "index": 0}, 404,
+         "unknown environment 'nope'; this server hosts: echoenv, slowsetupenv, failingsetupenv"),
     ],
 )
 async def test_create_errors(http: aiohttp.ClientSession, body: dict, status: int, detail: str) -> None:
@@ -194,7 +211,8 @@ async def test_session_routes_need_a_session_id(http: aiohttp.ClientSession) -> 
 async def test_unknown_session(http: aiohttp.ClientSession) -> None:
     headers = {"X-Session-ID": "never-created"}
     async with http.get("/echoenv/prompt", headers=headers) as response:
-        assert (response.status, await response.json()) == (404, {"detail": "Active environment not found"})
+        assert (response.status, await response.json()) == (
+            404, {"detail": "Active environment not found: no open episode has session id 'never-created'"})
     async with http.post("/echoenv/call", json={"name": "echo", "input": {}}, headers=headers) as response:
         assert response.status == 404
 
