@@ -1,10 +1,11 @@
 """The `ors-grpc` command: `serve` environments over gRPC (and HTTP), or run only the `bridge`.
 
-    ors-grpc serve [MODULE:CLASS ...] [--host H] [--port P] [--http-port P] ...
+    ors-grpc serve [MODULE:CLASS | PATH.py:CLASS ...] [--host H] [--port P] [--http-port P] ...
     ors-grpc bridge --backend HOST:PORT [--host H] [--http-port P]
     ors-grpc drain HOST:PORT [--wait]
 
-Both take `--metrics-port P` to serve Prometheus metrics at /metrics.
+Both take `--metrics-port P` to serve Prometheus metrics at /metrics; `--help` lists every option by group
+(`ors_grpc.loading` finds the environments).
 
 Once every door accepts connections, each prints `gRPC listening on HOST:PORT` /
 `HTTP listening on HOST:PORT` / `metrics listening on HOST:PORT` (port 0 picks a free port), then one line names
@@ -23,6 +24,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 from typing import Any, Callable, NoReturn, Sequence
 
 # gRPC's fork handlers (on by default in the C core) cannot serve a grpc.aio
@@ -118,6 +120,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or "(default:" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
+
+    # Lines break at spaces only: never inside `--tool-timeout` or `in-process`.
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
 
 
 #: What the option groups of `serve --help` say about the modes environments' code runs in.

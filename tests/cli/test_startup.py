@@ -147,7 +147,7 @@ def test_an_environment_of_the_reference_sdk_is_told_which_import_to_change(tmp_
     [
         ("no_such_module_here:Env", "cannot import 'no_such_module_here': No module named 'no_such_module_here'"),
         ("ors_grpc.examples.arithmetic:Nope", "module 'ors_grpc.examples.arithmetic' has no attribute 'Nope'"),
-        ("just_a_module", "environment must look like module.path:ClassName, got 'just_a_module'"),
+        ("just_a_module", "environment must look like module.path:ClassName or path/to/file.py:ClassName, got 'just_a_module'"),
     ],
 )
 def test_an_environment_that_cannot_be_found_is_one_line(spec: str, message: str) -> None:
@@ -303,7 +303,7 @@ def test_version() -> None:
 ])
 def test_help_is_in_groups_and_says_what_each_limit_does_in_each_mode(command: list[str], groups: list[str]) -> None:
     text = run_cli(*command, "--help").stdout
-    assert re.findall(r"^(\S[^:]*):$", text, flags=re.MULTILINE) == groups
+    assert re.findall(r"^(\S[^:\n]*):$", text, flags=re.MULTILINE) == groups
     if command == ["serve"]:
         entries = option_entries(text)
         for option in ("--tool-timeout", "--worker-memory-limit", "--worker-stall-limit"):

@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 
 from tests.support.differential import (
-    SSE, Check, Step, assert_exceptions_name_real_steps, assert_same_answer, canonical, observe_sse,
+    FIELDS_REASON, SPECIFICS_REASON, SSE, Check, Step, adds_specifics, assert_exceptions_name_real_steps,
+    assert_same_answer, canonical, lists_the_wrong_fields, observe_sse,
 )
 from tests.support.servers import SERVE_APP_ON_A_FREE_PORT, ServeProcess, start_script_server, start_serve
 
@@ -171,23 +172,6 @@ def ours_adds_reason(reason: str) -> Check:
     return check
 
 
-def ours_adds_specifics(reference: dict, ours: dict) -> bool:
-    """The same status; our detail is the reference's words, then what is valid after `: ` or `; `."""
-    ref_detail, our_detail = reference["body"]["detail"], ours["body"]["detail"]
-    return reference["status"] == ours["status"] and our_detail != ref_detail and any(
-        our_detail.startswith(ref_detail + separator) for separator in (": ", "; "))
-
-
-def ours_lists_the_wrong_fields(reference: dict, ours: dict) -> bool:
-    """The reference's words first, then one line per wrong field, the reason added."""
-    result = ours["body"]["result"]
-    return (reference["status"] == ours["status"] and result["reason"] == "input_validation"
-            and reference["body"]["result"]["error"].startswith("Tool input validation error: [{")
-            and result["error"] == "Tool input validation error:\n"
-            "a: Input should be a valid integer, unable to parse string as an integer (got 'x')\nb: Field required")
-
-
-SPECIFICS_REASON = "refusals say what is valid after the reference's words (docs/http-bridge.md)"
 LISTING_REASON = "we add openreward's fields to tool listings (terminal_tool, supports_score_group, message_block_types)"
 REASON_REASON = "refusals carry openreward's `reason`"
 
@@ -198,9 +182,9 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
     "task_tools other env path": (LISTING_REASON, ours_adds_openreward_listing),
     "task_tools without task tools": (LISTING_REASON, ours_adds_openreward_listing),
     "call unknown tool": (REASON_REASON, ours_adds_reason("not_found")),
-    "call bad input": ("tool input errors list the wrong fields, and carry openreward's `reason`",
-                       ours_lists_the_wrong_fields),
-    **{name: (SPECIFICS_REASON, ours_adds_specifics) for name in (
+    "call bad input": (FIELDS_REASON, lists_the_wrong_fields(
+        "a: Input should be a valid integer, unable to parse string as an integer (got 'x')", "b: Field required")),
+    **{name: (SPECIFICS_REASON, adds_specifics) for name in (
         "tasks invalid split", "num_tasks invalid split", "task invalid index", "task invalid split",
         "create unknown env", "create invalid split", "create invalid index",
         "ping after delete", "prompt after delete", "call after delete",

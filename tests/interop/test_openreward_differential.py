@@ -39,7 +39,8 @@ from tests.support.openreward_dialect import PIXEL, TASKS
 from tests.support.servers import SERVE_APP_ON_A_FREE_PORT, start_bridge, start_script_server, start_serve
 from tests.support.bridge_http import parse_sse
 from tests.support.differential import (
-    SSE, Check, Step, assert_exceptions_name_real_steps, assert_same_answer, canonical, observe_sse,
+    FIELDS_REASON, SPECIFICS_REASON, SSE, Check, Step, adds_specifics, assert_exceptions_name_real_steps,
+    assert_same_answer, canonical, lists_the_wrong_fields, observe_sse,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -263,6 +264,12 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
         "which need its platform)",
         names_valid_toolsets,
     ),
+    "call bad input": (FIELDS_REASON, lists_the_wrong_fields("text: Field required")),
+    **{name: (SPECIFICS_REASON, adds_specifics) for name in (
+        "messages unknown session", "score_group unknown session", "messages after delete", "score_group after delete",
+        "ping after unknown toolset", "ping after a refusing toolset", "prompt after a breaking toolset",
+        "ping after a rejected task spec", "prompt after a rejected task spec", "call after a rejected task spec",
+    )},
     "create with an empty toolset name": (
         "an empty toolset_name is a name, unknown as under openreward (not 'no toolset'); the valid ones "
         "are ours",

@@ -38,11 +38,18 @@ def connect(browser: Browser, path: str = "/") -> None:
     browser.wait_for_text("#status", "Connected")
 
 
+def until_the_task_form_is_ready(browser: Browser) -> None:
+    """The form takes a start once its environment's splits are in (until then it says it is loading)."""
+    browser.wait(lambda _: browser.find("#start").is_enabled(), "the task form to be ready")
+
+
 def choose_environment(browser: Browser, name: str) -> None:
     Select(browser.find("#env")).select_by_value(name)
+    until_the_task_form_is_ready(browser)
 
 
 def start_episode(browser: Browser, first_tool: str) -> None:
+    until_the_task_form_is_ready(browser)
     browser.find("#start").click()
     browser.wait_for(f"form.tool[data-tool={first_tool}]", f"the {first_tool} tool's form")
 
@@ -74,7 +81,7 @@ def test_the_lists_say_they_are_loading_until_they_are_filled(browser: Browser) 
     while "Connected" not in browser.text("#status"):
         for css in ("#env", "#split"):
             assert option_texts(browser, css), css
-    browser.wait(lambda _: browser.find("#start").is_enabled(), "the task form to be ready")
+    until_the_task_form_is_ready(browser)
     assert option_texts(browser, "#env") == ["arithmetic", "showcase"] and browser.find("#env").is_enabled()
     assert option_texts(browser, "#split")[0] == "train (train)" and browser.find("#split").is_enabled()
     assert browser.find("#setup").get_attribute("aria-busy") == "false"

@@ -115,7 +115,7 @@ async def test_unknown_environment_is_not_found(stub) -> None:
     ]:
         error = await expect_error(call)
         assert error.code() == grpc.StatusCode.NOT_FOUND
-        assert error.details() == "unknown environment 'nope'; this server hosts: echoenv, indexonlyenv"
+        assert error.details() == "unknown environment 'nope'; this server hosts: echoenv, slowsetupenv, failingsetupenv"
         assert error_reason(error) == "ERROR_REASON_UNKNOWN_ENVIRONMENT"
 
 
@@ -139,13 +139,12 @@ async def test_invalid_split_and_index_say_what_is_valid(stub) -> None:
 
 
 @pytest.mark.parametrize(("env_name", "split"), [("echoenv", "train"), ("indexonlyenv", "eval")])
-async def test_a_negative_index_counts_from_the_end_in_every_environment(stub, env_name: str, split: str) -> None:
+async def test_a_negative_index_counts_from_the_end_in_every_environment(env_name: str, split: str) -> None:
     # As the reference's `tasks[index]`; IndexOnlyEnv's own get_task takes 0 to 2 only: it is given 2.
-    last = await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=2))
-    for index in (-1, -3):
-        task = await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=index))
-        expected = last if index == -1 else await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=0))
-        assert task == expected
+    async with serving([EchoEnv, IndexOnlyEnv]) as stub:
+        for index, position in ((-1, 2), (-3, 0)):
+            task = await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=index))
+            assert task == await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=position))
 
 
 async def test_index_only_environment() -> None:
