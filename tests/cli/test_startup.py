@@ -207,8 +207,10 @@ GUESSGAME = """
 """
 
 
-@pytest.mark.parametrize("mode", [[], ["--workers", "1"]], ids=["in-process", "workers"])
-@pytest.mark.parametrize("spec", ["./guessgame.py:GuessGame", "guessgame.py:GuessGame", "games/guessgame.py:GuessGame"])
+@pytest.mark.parametrize(("spec", "mode"), [
+    ("./guessgame.py:GuessGame", []), ("guessgame.py:GuessGame", []),
+    ("games/guessgame.py:GuessGame", ["--workers", "1"]), ("./guessgame.py:GuessGame", ["--isolation", "episode"]),
+])
 def test_an_environment_named_by_its_file_serves_in_every_mode(tmp_path: Path, spec: str, mode: list[str]) -> None:
     folder = tmp_path / "games" if spec.startswith("games/") else tmp_path
     folder.mkdir(exist_ok=True)
