@@ -30,7 +30,7 @@ class BenchEnv(env.BenchEnv):
     async def step(self, params: env.StepInput) -> ToolOutput:
         """Burn CPU on the event loop, then add n to the running total.
 
-        Async on purpose: a sync tool would run in a worker thread, and its
+        Async on purpose: a sync tool would run in a thread, and its
         fight with the event loop for the GIL would leave the one core half
         idle, flattering the ratio with a single-process artefact."""
         burn_cpu(STEP_CPU_S)

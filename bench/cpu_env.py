@@ -4,7 +4,7 @@ Simulators, game engines and graders spend their tools' time in Python on
 the CPU; one process runs that on one core at a time (one GIL). Each ``step``
 here spends ``ORS_BENCH_CPU_MS`` (2 by default) of pure-Python CPU, then adds
 as before. ``SyncCpuEnv``'s ``step`` is a plain method (the server runs it in
-a worker thread: it is over the 2 ms a function may take on the loop);
+a thread: it is over the 2 ms a function may take on the loop);
 ``AsyncCpuEnv``'s is an ``async def`` (it runs on the event loop). Both are
 named ``benchenv``, so the load generator runs unchanged.
 """

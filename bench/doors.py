@@ -5,7 +5,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.servers import ServerProcess, ours_server, reference_server, run_load
+from bench.floors import SERVER_OF as FLOOR_SERVERS
+from bench.servers import ServerProcess, floor_server, ours_server, reference_server, run_load
 
 #: Door name suffixes that pin where the environment's sync code runs, and
 #: the value of ORS_BENCH_SYNC_CODE (read by bench/env.py) that pins it.
@@ -35,9 +36,13 @@ def server_for(door: str, args: argparse.Namespace, tree: Path | None = None) ->
         return server, ports
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
+    if door in FLOOR_SERVERS:
+        kind = FLOOR_SERVERS[door]
+        return floor_server(kind), {"HTTP"} if kind == "http" else {"gRPC"}
+    serve_args = tuple(args.serve_args.split())
     if door == "mcp":
-        return ours_server(http=False, mcp=True), {"gRPC", "MCP"}
-    server = ours_server(http=door.startswith("bridge"))
+        return ours_server(http=False, mcp=True, serve_args=serve_args), {"gRPC", "MCP"}
+    server = ours_server(http=door.startswith("bridge"), serve_args=serve_args)
     for suffix, sync_code in SYNC_CODE_SUFFIXES.items():
         if door.endswith(suffix):
             server.extra_env["ORS_BENCH_SYNC_CODE"] = sync_code
@@ -48,8 +53,10 @@ def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     """(load-generator door kind, target address) of a started server."""
     for suffix in SYNC_CODE_SUFFIXES:
         door = door.removesuffix(suffix)
-    if door in ("grpc", "grpc-raw"):
+    if door in ("grpc", "grpc-raw", "floor-grpc", "floor-grpc-unary"):
         return door, f"127.0.0.1:{server.ports['gRPC']}"
+    if door == "floor-http":
+        return door, f"http://127.0.0.1:{server.ports['HTTP']}"
     if door == "mcp":
         return "mcp", f"http://127.0.0.1:{server.ports['MCP']}"
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
@@ -79,7 +86,7 @@ def measure_door(door: str, args: argparse.Namespace, with_image: bool, tree: Pa
         result.load = run_load(kind, target, "episodes", timeout, workers=args.workers,
                                warmup=args.warmup, duration=args.duration)
         result.load["server_cpu"] = (server.cpu_seconds() - cpu_before) / (time.perf_counter() - wall_before)
-        if with_image and args.image_calls:
+        if with_image and args.image_calls and door not in FLOOR_SERVERS:
             result.image = run_load(kind, target, "image", 300, count=args.image_calls)
     return result
 

@@ -37,7 +37,7 @@ class BenchEnv(Environment):
     """A counter: ``step`` adds, ``submit`` checks the total and ends the episode."""
 
     #: Unset: ours decides per function (the default). The ``*-threads`` doors
-    #: set ORS_BENCH_SYNC_CODE=threads (sync code always in worker threads),
+    #: set ORS_BENCH_SYNC_CODE=threads (sync code always in threads),
     #: the ``*-on-loop`` doors ``loop`` (always on the event loop, as the
     #: reference always runs it; the reference ignores the attribute).
     sync_code_on_loop = {"threads": False, "loop": True}.get(os.environ.get("ORS_BENCH_SYNC_CODE", ""))

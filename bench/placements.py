@@ -1,13 +1,14 @@
 """``python -m bench --placements``: where environments' code runs, compared in one run.
 
-Rows are ``ors-grpc serve`` arguments (issue 29): in-process (none),
+Rows are ``ors-grpc serve`` arguments: in-process (none),
 ``--workers 1``, ``--workers 2`` and ``--isolation episode``, each on three
 workloads: the trivial ``bench.env:BenchEnv``, and ``bench.cpu_env``'s
 ``step`` spending 2 ms of pure-Python CPU as a sync tool and as an
 ``async def`` tool. Every row gets a fresh server and the same closed loop
 as the main benchmark, through our Python client on the gRPC door:
 episodes/s, tool-call p50/p99, the creation's p50/p99 (the `create` step,
-as the client sees it) and the CPU of the server and every process under it.
+as the client sees it) and the CPU of the server and every process under it,
+as a share of a core and in milliseconds per episode.
 Where the server has processes under it (workers, episode processes), their
 count and their memory (USS: private pages, from ``/proc/PID/smaps_rollup``)
 are sampled half-way through the measured window.
@@ -43,7 +44,7 @@ WORKLOADS: dict[str, str] = {
 }
 MIB = 1024 * 1024
 #: The workload whose rows also measure a creation with the pool warm: episodes one at a time,
-#: each `PACED_PAUSE_S` after the last (issue 29's creation target is taken that way).
+#: each `PACED_PAUSE_S` after the last (a closed loop empties any pool).
 PACED_WORKLOAD = "trivial"
 PACED_CREATIONS = 40
 PACED_PAUSE_S = 0.1
@@ -65,6 +66,13 @@ class Row:
     @property
     def episodes_per_second(self) -> float:
         return self.load["episodes"] / self.load["seconds"] if self.load else 0.0
+
+    @property
+    def cpu_ms_per_episode(self) -> float:
+        """Milliseconds of CPU of the server and the processes under it per episode (`server_cpu`, the share of
+        a core over the whole load, over the measured episodes/s)."""
+        eps = self.episodes_per_second
+        return self.load["server_cpu"] / eps * 1000 if eps else float("nan")
 
 
 # --- processes under the server ----------------------------------------------
@@ -187,7 +195,8 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"\n## Where environments' code runs: {args.workers} workers, {args.duration:g} s"
           f" (after {args.warmup:g} s warm-up), gRPC door (ors_grpc.client), median of {args.rounds} round(s)")
     print(f"{'workload':<10} {'serve args':<20} {'episodes/s':>10} {'vs in-proc':>10} {'p50 ms':>8} {'p99 ms':>8}"
-          f" {'create p50':>10} {'create p99':>10} {'errors':>6} {'server CPU':>10} {'procs':>5} {'USS/proc MiB':>12}")
+          f" {'create p50':>10} {'create p99':>10} {'errors':>6} {'server CPU':>10} {'CPU ms/ep':>9} {'procs':>5}"
+          f" {'USS/proc MiB':>12}")
     in_process = {r.workload: r for r in rows if r.placement == "in-process" and r.load}
     for row in rows:
         label = f"{row.workload:<10} {row.placement:<20}"
@@ -201,7 +210,7 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         print(f"{label} {row.episodes_per_second:>10.1f} {versus:>10} {fmt_ms(load['tool_calls']['p50']):>8}"
               f" {fmt_ms(load['tool_calls']['p99']):>8} {fmt_ms(load['creates']['p50']):>10}"
               f" {fmt_ms(load['creates']['p99']):>10} {load['errors']:>6} {load['server_cpu']:>10.0%}"
-              f" {len(row.child_uss):>5} {uss:>12}")
+              f" {row.cpu_ms_per_episode:>9.2f} {len(row.child_uss):>5} {uss:>12}")
         if load["first_error"]:
             print(f"{'':<31} first error: {load['first_error']}")
     print_paced(rows)

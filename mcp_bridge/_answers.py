@@ -1,29 +1,21 @@
 """How the door answers an MCP request: one JSON body when it can, SSE when it must.
 
-The SDK's handshake transport answers every request of a server the same way
-(`json_response`), and its SSE answer costs about twice the CPU of a JSON one
-(a response task group, memory streams and a ping task per request). The door
-needs SSE for one thing only, progress notifications, and a client asks for
-those with a progress token. So, per POST:
+An SSE answer costs the SDK about twice the CPU of a JSON one, and the door
+needs SSE only for progress notifications, which a client asks for with a
+progress token. So a POST whose body names a `progressToken` is answered as
+the SDK answers in SSE mode; any other as JSON, turned into
+`text/event-stream` with `: ping` comments only if its answer is not ready
+within `keepalive_s` (a proxy's idle timeout must not cut a long tool call or
+a slow setup). An `initialize` answer must carry the MCP session id the SDK
+minted, which the door's `initialize` handler passes on with
+`tell_session_id` before its slow part.
 
-- one whose body names a `progressToken` is answered as the SDK answers in
-  SSE mode;
-- any other is answered as JSON; if its answer is not ready within
-  `keepalive_s`, the door commits to `text/event-stream` itself, sends `: ping`
-  comments meanwhile (a proxy's idle-read timeout must not cut a long tool
-  call or a slow setup), and delivers the JSON-RPC answer as the stream's one
-  event. The SDK does the same on its own for the 2026-07-28 revision: JSON
-  unless the handler outlasts its ping interval. An `initialize` answer must
-  carry the MCP session id the SDK minted for it, which the door's
-  `initialize` handler passes on with `tell_session_id` before its slow part.
-
-The choice reaches the SDK as the truth of its `json_response` flag, which it
-reads per request, in the request's task, after reading the body: a context
-variable set by the body watcher below, naming that task. In any other task,
-the MCP session's own among them (where the SDK routes notifications), the
-flag reads False, SSE mode's routing, which a JSON-answered request never
-needs: it has no progress token, so its handler notifies nothing. The SDK's
-range is pinned (`mcp>=2.3,<2.4`) and the tests pin both answers.
+The choice reaches the SDK as its `json_response` flag, which it reads per
+request, in the request's task: a context variable set by the body watcher
+below names that task; in any other task (the MCP session's own, where the
+SDK routes notifications) the flag reads False. The SDK's range is pinned
+(`mcp>=2.3,<2.4`) and the tests pin both answers. Figures: docs/benchmarks.md,
+"The MCP door next to the HTTP bridge".
 """
 
 from __future__ import annotations

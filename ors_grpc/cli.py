@@ -36,7 +36,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from ors_grpc import __version__, serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
-from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, KILL_GRACE_S, worker_count  # noqa: E402
+from ors_grpc._runtime.workers.connection import KILL_GRACE_S  # noqa: E402
+from ors_grpc._runtime.workers.placement import worker_count  # noqa: E402
+from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S  # noqa: E402
 from ors_grpc.loading import load_environment, load_toolset  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     API_KEY_HEADER,
@@ -264,6 +266,10 @@ def _serve_parser(serve: argparse.ArgumentParser, log_level: dict[str, Any]) -> 
                        help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served, health "
                             "NOT_SERVING and new episodes refused, before they are ended and the server exits "
                             "(0: at once); SIGINT or a second signal stops at once")
+    fleet.add_argument("--advertise-host", default=None, metavar="HOST",
+                       help="hand out session ids that name HOST and the door's port (this backend's address as "
+                            "the proxy in front knows it: Envoy's stateful sessions route them back here; "
+                            "docs/deployment.md) (default: plain session ids)")
     fleet.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
                        help="seconds an episode prepared ahead is held unclaimed once set up, then torn down")
     fleet.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
@@ -372,6 +378,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,
         drain_timeout_s=args.drain_timeout,
+        advertise_host=args.advertise_host,
         workers=args.workers,
         worker_memory_limit_mib=args.worker_memory_limit,
         worker_stall_limit_s=args.worker_stall_limit,
@@ -440,7 +447,7 @@ def _fastest_event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def _exit_despite_stuck_user_code() -> None:
-    """Exit now if synchronous user code still runs in worker threads.
+    """Exit now if synchronous user code still runs in user-code threads.
 
     Every session is torn down by now; such a thread (a sync tool that
     ignores its episode's end) cannot be interrupted, and Python would wait

@@ -39,7 +39,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
 from ors_grpc._runtime.service import environment_map
-from ors_grpc._runtime.workers.supervisor import WorkerStartupError
+from ors_grpc._runtime.workers.startup import WorkerStartupError
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
@@ -113,7 +113,7 @@ async def serve(
                     _local_target(host, bound_port), host, http_port,
                     channel=server.in_process_channel, max_body_bytes=config.max_message_bytes,
                     max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, http_limits=http_limits,
-                    browser_policy=policy,
+                    browser_policy=policy, advertise_host=config.advertise_host or None,
                 ))
                 runners.append(runner)
             bound_mcp_port = None

@@ -10,6 +10,8 @@
 - `environment_host`: the one seam to environments' code (an episode's
   host with its lifecycle state, a class's catalog host, their factory);
 - `local_hosts`: its in-process implementation, over `user_code` (where
-  environment code runs: loop or worker thread);
+  environment code runs: loop or user-code thread);
+- `workers/`: its implementation in supervised worker processes
+  (`--workers N`, `--isolation episode`; docs/workers.md);
 - `inprocess`: a channel onto the service without a socket.
 """

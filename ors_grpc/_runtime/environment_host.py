@@ -4,15 +4,15 @@ Everything the server asks of an environment's code goes through a host:
 
 - an `EpisodeHost` holds one episode's environment for its whole life
   (construct, attach its session toolset, set up, prompt, messages, task
-  tools, call a tool, score a group, tear down, kill) and knows where that
-  life stands (`EpisodeState`);
+  tools, a tool's marks, call a tool, score a group, tear down, kill) and
+  knows where that life stands (`EpisodeState`);
 - a `CatalogHost` answers an environment class's own calls (splits, tasks,
   its tool listing), which need no episode.
 
 The session table gets both from a `HostFactory`, and owns everything else
 (waiting, timeouts, errors as clients see them, records, metrics). The
 first implementation, `local_hosts`, runs the code in the server's own
-process, on its loop or in a worker thread (`user_code`); hosts in worker
+process, on its loop or in a user-code thread (`user_code`); hosts in worker
 processes can take its place without the rest of the runtime changing.
 """
 
@@ -22,7 +22,7 @@ import abc
 import enum
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ors_grpc.authoring.environment import Environment
+from ors_grpc.authoring.environment import Environment, ToolMarks
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
 from ors_grpc.protocol.errors import ORSError
 
@@ -135,16 +135,15 @@ class EpisodeHost(abc.ABC):
         """The episode's tools: shared, task-specific, its session toolset's."""
 
     @abc.abstractmethod
-    def resolve_tool(self, name: str) -> Union[Callable[..., Any], RunToolOutput]:
-        """Tool `name` (its concurrency marks readable with
-        `is_exclusive_tool`, `is_concurrent_tool`), or the refusal
-        (not_found, name_collision); raises when a declared toolset's
-        constructor does."""
+    def tool_marks(self, name: str) -> Union[ToolMarks, RunToolOutput]:
+        """How calls to tool `name` take turns (`authoring.ToolMarks`), or the
+        refusal (not_found, name_collision) where the host can tell at once;
+        raises when a declared toolset's constructor does."""
 
     @abc.abstractmethod
-    async def run_tool(self, name: str, tool: Callable[..., Any], tool_input: JSONObject) -> RunToolOutput:
-        """Validate `tool_input` and run `tool` (from `resolve_tool`): invalid
-        input is a refusal; what the tool raises propagates."""
+    async def run_tool(self, name: str, tool_input: JSONObject) -> RunToolOutput:
+        """Run tool `name` on `tool_input`: an unknown name or invalid input
+        is a refusal; what the tool raises propagates."""
 
     @abc.abstractmethod
     async def score_group(self, candidates: Sequence[GroupCandidate]) -> Any:

@@ -26,6 +26,7 @@ from ors_grpc.authoring.environment import Environment
 from ors_grpc.observability import metrics
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import ORSError, abort
+from ors_grpc.protocol.routed_ids import door_address
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
@@ -34,7 +35,8 @@ from ors_grpc._runtime.local_hosts import LocalHosts
 from ors_grpc._runtime.loop_monitor import monitor_loop
 from ors_grpc._runtime.service import EnvironmentService, ToolsetRegistry, environment_map, toolset_map
 from ors_grpc._runtime.sessions import SessionTable
-from ors_grpc._runtime.workers.supervisor import DEFAULT_STALL_LIMIT_S, IsolatedHosts, WorkerHosts
+from ors_grpc._runtime.workers.hosts import WorkerHosts
+from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S
 from ors_grpc.protocol.constants import (
     API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -99,6 +101,10 @@ class ServerConfig:
     setup_wait_s: float = DEFAULT_SETUP_WAIT_S
     #: Seconds a draining server serves the episodes it holds before ending them.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: When set, the session ids the server hands out name this host and the
+    #: door's port (`ors_grpc.protocol.routed_ids`), for a proxy that routes
+    #: each session to the backend that issued its id (Envoy's stateful sessions).
+    advertise_host: str | None = None
     #: When set, environments' code runs in this many worker processes
     #: (`_runtime/workers`), not in the server process.
     workers: int | None = None
@@ -108,7 +114,7 @@ class ServerConfig:
     #: With `workers` or `isolation`: a worker whose event loop one callback
     #: holds this many seconds (measured in the worker, off its loop), or that
     #: sends no heartbeat for as long, is killed and replaced, its episodes
-    #: lost (0: never). Load does not reach it (`_runtime/workers/supervisor`).
+    #: lost (0: never). Load does not reach it (docs/workers.md).
     worker_stall_limit_s: float = DEFAULT_STALL_LIMIT_S
     #: "episode": every episode in a process of its own, ended with it, from
     #: a pool of `workers` (default 2) started processes (None: episodes share workers).
@@ -202,6 +208,7 @@ class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         return _checking_handler(handler)
 
 
+@functools.lru_cache(maxsize=256)  # made once per method's handler, not once per call
 def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     deserialize = handler.request_deserializer
 
@@ -290,9 +297,9 @@ _HEALTH_UPDATES: set[asyncio.Task[None]] = set()
 def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegistry, config: ServerConfig) -> HostFactory:
     """Where environments' code runs: in this process, or in `config.workers` worker processes."""
     if config.isolation == "episode":
-        return IsolatedHosts(config.workers or 2, environment_map(environments), toolset_map(toolsets),
-                             memory_limit_mib=config.worker_memory_limit_mib,
-                             stall_limit_s=config.worker_stall_limit_s)
+        return WorkerHosts(config.workers or 2, environment_map(environments), toolset_map(toolsets),
+                           per_episode=True, memory_limit_mib=config.worker_memory_limit_mib,
+                           stall_limit_s=config.worker_stall_limit_s)
     if not config.workers:
         return LocalHosts()
     return WorkerHosts(config.workers, environment_map(environments), toolset_map(toolsets),
@@ -376,6 +383,8 @@ async def _create_server(
         port = 0
     if port == 0:
         raise OSError(errno.EADDRINUSE, "address in use, or not an address of this host", address)
+    if config.advertise_host:
+        service.route_address = door_address(config.advertise_host, port)
     await server.start()
     sessions.start()
     # In-process, environments' code shares this loop: name the code that blocks it.

@@ -1,5 +1,5 @@
 """Hosts that run environments' code in the server's own process: on its
-event loop or in a worker thread, as `user_code.run_user_code` places each
+event loop or in a user-code thread, as `user_code.run_user_code` places each
 function (the environment's `sync_code_on_loop`, else each function earns
 its place). The first implementation of `environment_host`.
 
@@ -20,9 +20,10 @@ import functools
 from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
-from ors_grpc._runtime.user_code import run_user_code, runs_in_worker_thread
+from ors_grpc._runtime.user_code import run_user_code, runs_in_thread
 from ors_grpc.authoring.environment import (
-    Environment, find_terminal_tool, overrides, resolve_tool, task_slice, tool_argument, tool_result, tool_specs_of,
+    Environment, ToolMarks, find_terminal_tool, marks_of, overrides, resolve_tool, task_slice, tool_argument,
+    tool_result, tool_specs_of,
 )
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
 
@@ -39,7 +40,7 @@ class LocalEpisodeHost(EpisodeHost):
     """One episode's environment, in this process."""
 
     # Slots: an idle episode's memory counts (thousands of them per server).
-    __slots__ = ("sync_lock", "env", "toolset", "_in_thread", "_setup_progress")
+    __slots__ = ("sync_lock", "env", "toolset", "_in_thread", "_setup_progress", "_resolved")
 
     def __init__(self, env_cls: type[Environment]) -> None:
         super().__init__(env_cls)
@@ -48,9 +49,11 @@ class LocalEpisodeHost(EpisodeHost):
         self.env: Environment | None = None
         #: The episode's session toolset (attached by name at creation).
         self.toolset: Any = None
-        # True while a lifecycle step runs sync code in a worker thread, which cannot be interrupted.
+        # True while a lifecycle step runs sync code in a user-code thread, which cannot be interrupted.
         self._in_thread = False
         self._setup_progress = _NOT_SET_UP
+        #: The tool `tool_marks` resolved last, by name, for the `run_tool` that follows.
+        self._resolved: tuple[str, Callable[..., Any]] | None = None
 
     @property
     def uninterruptible(self) -> bool:
@@ -62,7 +65,7 @@ class LocalEpisodeHost(EpisodeHost):
 
     async def _lifecycle_step(self, fn: Callable[..., Any]) -> Any:
         on_loop = self.env_cls.sync_code_on_loop
-        self._in_thread = runs_in_worker_thread(fn, on_loop)
+        self._in_thread = runs_in_thread(fn, on_loop)
         try:
             return await run_user_code(fn, sync_lock=self.sync_lock, on_loop=on_loop)
         finally:
@@ -79,7 +82,7 @@ class LocalEpisodeHost(EpisodeHost):
     async def setup(self) -> None:
         self.state = EpisodeState.SETTING_UP if self.state is EpisodeState.CONSTRUCTING else self.state
         assert self.env is not None
-        if overrides(self.env, "setup"):  # else no worker-thread round trip for nothing
+        if overrides(self.env, "setup"):  # else no thread round trip for nothing
             await self._lifecycle_step(self.env.setup)
         self._setup_progress = _SET_UP
         if self.state is EpisodeState.SETTING_UP:
@@ -115,10 +118,22 @@ class LocalEpisodeHost(EpisodeHost):
     async def task_tools(self) -> ListToolsOutput:
         return _session_tools(self.env, await self._call(self.env.list_task_tools), self.toolset)
 
-    def resolve_tool(self, name: str) -> Union[Callable[..., Any], RunToolOutput]:
-        return resolve_tool(self.env, name, self.toolset)
+    def tool_marks(self, name: str) -> Union[ToolMarks, RunToolOutput]:
+        tool = resolve_tool(self.env, name, self.toolset)
+        if isinstance(tool, RunToolOutput):
+            return tool
+        self._resolved = (name, tool)  # the call that asked runs it next: no second lookup
+        return marks_of(tool)
 
-    async def run_tool(self, name: str, tool: Callable[..., Any], tool_input: JSONObject) -> RunToolOutput:
+    async def run_tool(self, name: str, tool_input: JSONObject) -> RunToolOutput:
+        resolved = self._resolved
+        if resolved is not None and resolved[0] == name:
+            self._resolved = None
+            tool = resolved[1]
+        else:
+            tool = resolve_tool(self.env, name, self.toolset)
+            if isinstance(tool, RunToolOutput):
+                return tool
         args = tool_argument(tool, tool_input)
         if isinstance(args, RunToolOutput):
             return args

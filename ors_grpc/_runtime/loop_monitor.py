@@ -1,22 +1,13 @@
 """How late an event loop runs what it is given, measured from outside it.
 
 A daemon thread sends the loop a probe (`call_soon_threadsafe`) every
-`PROBE_INTERVAL_S` and measures how late it runs; while a probe waits, the
-lag is "now - sent", so a loop blocked for good shows a lag that keeps
-growing (a heartbeat sent from the loop itself would just stop). A worker
-process reports `lag_s()` in its heartbeat (`workers.worker`). Every
-monitor (the server's, in-process, and each worker's) logs one WARNING per
-stall over `STALL_WARNING_S`, naming the environment and the function (a
-tool, `setup`, `get_prompt`, `list_tasks`...) that holds the loop
-(`user_code.user_code_call_in`), while the stall lasts, and one INFO line
-with its length when it ends. The culprit must be seen running in two looks
-in a row (`PROBE_INTERVAL_S` apart), the same call both times: a loop merely
-busy with many quick calls (load) never shows one call twice, and such a
-stall is an INFO line only.
-
-The thread needs the GIL to look: code that blocks while holding it (a C
-extension that never lets go) is seen only once it ends. Load alone makes a
-lag of milliseconds, far below the warning.
+`PROBE_INTERVAL_S`; while a probe waits the lag is "now - sent", so a loop
+blocked for good shows a lag that keeps growing (a heartbeat sent from the
+loop itself would just stop). A stall over `STALL_WARNING_S` is one WARNING
+naming the environment's function that holds the loop, when the same call
+is seen running in two looks in a row (load, many quick calls, never is).
+Worker processes report it in their heartbeats. The argument:
+docs/architecture.md, "The service"; the stall limit: docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from ors_grpc.observability import metrics
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
 from ors_grpc._runtime.episode_record import EpisodeRecorder
 from ors_grpc._runtime.environment_host import EpisodeHost
-from ors_grpc.authoring.environment import is_concurrent_tool, is_exclusive_tool
 from ors_grpc.protocol import convert, json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
@@ -288,52 +287,48 @@ class SessionToolCalls:
     async def _run(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         """Takes the call's turn (per-tool lock, the gate) and runs it."""
         try:
-            fn = host.resolve_tool(name)
+            marks = host.tool_marks(name)
         except Exception as exc:  # the constructor of a toolset the environment declares raised
             message = self._redact(f"{type(exc).__name__}: {exc}")
             logger.warning("toolset_instantiation_failed tool=%s error=%s", name, message)
             return CallOutcome(failure=message)
-        if isinstance(fn, RunToolOutput):  # not_found, name_collision: counted as refused
-            return await metrics.timed_tool_call(host, name, _at_once(CallOutcome(result=fn)))
+        if isinstance(marks, RunToolOutput):  # not_found, name_collision: counted as refused
+            return await metrics.timed_tool_call(host, name, _at_once(CallOutcome(result=marks)))
         if self.finished:
             return _refused_as_finished(name)
-        if is_exclusive_tool(fn):
+        if marks.exclusive:
             if self._gate is None:  # a tool the class scan did not see (set on the instance)
                 self._gate = ExclusiveGate()
             async with self._gate.exclusive():
-                return await self._run_in_turn(host, name, fn, tool_input)
+                return await self._run_in_turn(host, name, tool_input)
         gate = self._gate
-        if is_concurrent_tool(fn):
+        if marks.concurrent:
             if gate is None:
-                return await self._run_in_turn(host, name, fn, tool_input)
+                return await self._run_in_turn(host, name, tool_input)
             async with gate.shared():
-                return await self._run_in_turn(host, name, fn, tool_input)
+                return await self._run_in_turn(host, name, tool_input)
         # The tool lock outside the gate: calls queued on a tool do not hold an exclusive one off.
         lock = self._tool_locks.get(name)
         if lock is None:
             lock = self._tool_locks[name] = asyncio.Lock()
         async with lock:
             if gate is None:
-                return await self._run_in_turn(host, name, fn, tool_input)
+                return await self._run_in_turn(host, name, tool_input)
             async with gate.shared():
-                return await self._run_in_turn(host, name, fn, tool_input)
+                return await self._run_in_turn(host, name, tool_input)
 
-    async def _run_in_turn(
-        self, host: EpisodeHost, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
-    ) -> CallOutcome:
+    async def _run_in_turn(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
             return _refused_as_finished(name)
-        call = metrics.timed_tool_call(host, name, self._run_tool(host, name, fn, tool_input))
+        call = metrics.timed_tool_call(host, name, self._run_tool(host, name, tool_input))
         if self._counters is None:
             return await call
         return await self._counters.timed_call(name, call, _failure_message)
 
-    async def _run_tool(
-        self, host: EpisodeHost, name: str, fn: Callable[..., Any], tool_input: dict[str, Any]
-    ) -> CallOutcome:
+    async def _run_tool(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         started = time.monotonic()
-        call = host.run_tool(name, fn, tool_input)
+        call = host.run_tool(name, tool_input)
         try:
             # Without a timeout, no wait_for: one coroutine less on every call.
             result = await (call if self._timeout_s is None else asyncio.wait_for(call, self._timeout_s))

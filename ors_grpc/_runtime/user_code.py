@@ -1,16 +1,12 @@
-"""Where environments' code runs: on the event loop or in a worker thread.
+"""Where environments' code runs: on the event loop or in a thread.
 
-Async user code is awaited on the loop. A plain (synchronous) function can
-run either on the loop, as the reference SDK runs all of it, or in a worker
-thread. The loop is cheaper for quick code: a thread round trip costs a
-hand-off and, while the loop is busy, a wait for the GIL (about a quarter of
-the benchmark's episodes/s). A thread is safer for slow code: a sync call
-that sleeps, waits on I/O or runs a subprocess stalls every session of the
-server while it runs on the loop.
-
-An environment chooses with `Environment.sync_code_on_loop`: True (always
-the loop), False (always a thread), or None, the default, where each
-function earns its place (`_Placement`).
+Async user code is awaited on the loop. A synchronous function can run on
+the loop, as the reference SDK runs all of it (cheaper for quick code: no
+thread hand-off, no wait for the GIL), or in a thread (safer for slow code,
+which would stall every session while on the loop).
+`Environment.sync_code_on_loop` chooses: True (the loop), False (a thread),
+or None, the default, where each function earns its place (`_Placement`).
+For authors: docs/authoring.md, "Where synchronous code runs".
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_worker_thread", "user_code_call_in"]
+__all__ = ["busy_user_code_threads", "run_user_code", "runs_in_thread", "user_code_call_in"]
 
 logger = logging.getLogger("ors_grpc.user_code")
 
@@ -52,7 +48,7 @@ cancelled_calls_wait_for_their_thread = False
 #: loop. It is well under the 5 ms for which a CPU-bound Python thread holds
 #: the GIL (and so stalls the loop anyway) before it must let go.
 INLINE_BUDGET_S = 0.002
-#: Consecutive quick calls in worker threads before a function first moves
+#: Consecutive quick calls in user-code threads before a function first moves
 #: to the loop.
 TRIAL_CALLS = 8
 #: Consecutive quick calls on the loop after which a function's next trial
@@ -88,7 +84,7 @@ def _elapsed_without_gc(started: float, gc_before: float) -> float:
 class _Placement:
     """Where one sync function runs, when its environment leaves it to us.
 
-    It runs in worker threads until `trial_calls` consecutive calls have each
+    It runs in user-code threads until `trial_calls` consecutive calls have each
     returned within `INLINE_BUDGET_S`; then on the loop. An overrun in a
     thread starts the trial over (a thread waiting for the GIL looks slow
     too, so one overrun proves little). An overrun on the loop, the one stall
@@ -151,7 +147,7 @@ def _placement(fn: Callable[..., Any]) -> _Placement | None:
 
 
 def _decide(fn: Callable[..., Any], on_loop: bool | None) -> tuple[bool, _Placement | None]:
-    """Where a plain function runs if called now: (in a worker thread, the
+    """Where a plain function runs if called now: (in a user-code thread, the
     placement record to account the call to; None when the environment
     pinned the choice or `fn` has no record)."""
     if on_loop is not None:
@@ -160,9 +156,9 @@ def _decide(fn: Callable[..., Any], on_loop: bool | None) -> tuple[bool, _Placem
     return placement is None or not placement.on_loop, placement
 
 
-def runs_in_worker_thread(fn: Callable[..., Any], on_loop: bool | None) -> bool:
+def runs_in_thread(fn: Callable[..., Any], on_loop: bool | None) -> bool:
     """Whether `run_user_code(fn, on_loop=on_loop)`, called now, runs `fn` in
-    a worker thread (where cancelling the caller cannot interrupt it)."""
+    a user-code thread (where cancelling the caller cannot interrupt it)."""
     return not inspect.iscoroutinefunction(fn) and _decide(fn, on_loop)[0]
 
 
@@ -173,7 +169,7 @@ async def run_user_code(
     on_loop: bool | None = None,
 ) -> Any:
     """Call user code: await coroutine functions; run plain functions on the
-    loop or in a worker thread as `on_loop` (an environment's
+    loop or in a user-code thread as `on_loop` (an environment's
     `sync_code_on_loop`) says, awaiting what they may return.
 
     `sync_lock`, an episode's lock, keeps its synchronous code to one call at
@@ -182,13 +178,13 @@ async def run_user_code(
     """
     if _is_coroutine_function(fn):
         return await fn(*args)
-    in_thread, placement = _decide(fn, on_loop)  # on entry, as `runs_in_worker_thread` answers
+    in_thread, placement = _decide(fn, on_loop)  # on entry, as `runs_in_thread` answers
     if on_loop:
         result = fn(*args)  # all of the environment's sync code is on the loop: none can overlap
     else:
         async with sync_lock or contextlib.nullcontext():
             if in_thread:
-                result = await _in_worker_thread(placement, fn, args)
+                result = await _in_thread(placement, fn, args)
             else:
                 assert placement is not None  # only a placement puts unpinned code on the loop
                 result = _timed_on_loop(placement, fn, args)
@@ -214,7 +210,7 @@ def user_code_call_in(thread_id: int) -> tuple[Any, Callable[..., Any]] | None:
     the call's identity while it lives, and its user function `fn`), from the
     innermost `run_user_code` frame on the thread's stack. That is sync code
     on the loop, or a step of an `async def` (a resumed coroutine is on the
-    stack of whoever resumed it); code in a worker thread is not (its caller
+    stack of whoever resumed it); code in a user-code thread is not (its caller
     is suspended). None when the thread runs no user code (our own code).
     Read off the stack, so the call path pays nothing for it."""
     frame = sys._current_frames().get(thread_id)
@@ -233,7 +229,7 @@ def _timed_on_loop(placement: _Placement, fn: Callable[..., Any], args: tuple) -
         placement.record(_elapsed_without_gc(started, gc_before))
 
 
-async def _in_worker_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
+async def _in_thread(placement: _Placement | None, fn: Callable[..., Any], args: tuple) -> Any:
     # A call that raises is not counted: it neither earns nor costs a place.
     loop = asyncio.get_running_loop()
     # In the caller's context, as asyncio.to_thread runs it: spans the code opens nest under the call's.
@@ -259,7 +255,7 @@ def _user_code_executor() -> ThreadPoolExecutor:
 
 
 def _counted(fn: Callable[..., Any], args: tuple) -> tuple[Any, float]:
-    """Run `fn` in this worker thread: its result and how long it took."""
+    """Run `fn` in this user-code thread: its result and how long it took."""
     global _busy_threads
     with _busy_lock:
         _busy_threads += 1
@@ -275,6 +271,6 @@ _RUN_USER_CODE = run_user_code.__code__
 
 
 def busy_user_code_threads() -> int:
-    """How many worker threads are running user code now (a sync tool or
+    """How many user-code threads are running user code now (a sync tool or
     setup that outlived its episode cannot be interrupted)."""
     return _busy_threads

@@ -1,23 +1,15 @@
 """Warm episodes: episodes prepared ahead of their creation (PrepareEpisodes).
 
-A trainer knows its next batch of tasks while the current one runs; setup is
-often the slow part of an episode (a sandbox boot). `SessionTable.prepare`
-starts episodes without a session and hands them to the pool; a later
-`SessionTable.create` of the same environment and task, with the same
-secrets and API key, claims the oldest at once (ready or still setting up)
-instead of starting a setup of its own. An episode prepared for a reserved
-session id is claimed only by the creation under that id (with the same
-key): a trainer behind a load balancer hashing the session id sends the
-prepare with that id, so the creation reaches the backend that holds it.
-
-The claim key holds the task as canonical JSON (keys sorted) and, for the
-secrets and API key, an HMAC under a random per-process key: the pool never
-keeps a second copy of a secret in comparable form, and no log line names
-one. An episode not claimed within `ttl_s` after its setup ended is ended
-like a deleted one (`teardown()` included); so is one whose setup has not
-ended within `setup_timeout_s` of its prepare (its setup cancelled), one
-cancelled by CancelPreparedEpisodes, and those held when the server stops.
-Each frees its place in the session limit as it leaves the pool.
+`SessionTable.prepare` starts episodes without a session and hands them to
+the pool; a later creation of the same environment and task, with the same
+secrets and API key (and under the session id, if one was reserved for it),
+claims one instead of paying for a setup of its own. The claim key holds the task as
+canonical JSON and an HMAC of the secrets and key under a per-process key,
+so the pool keeps no comparable copy of a secret. Unclaimed episodes are
+ended after `ttl_s`, or `setup_timeout_s` without a finished setup, each
+freeing its place in the session limit. What a claim needs and why:
+docs/http-bridge.md, "Warm episodes"; behind a load balancer:
+docs/deployment.md, "Warm episodes that route".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ turns (per-tool locks, the exclusive gate) is the service's business
 (`tool_calls`); the flags live on the tool functions. One
 difference, invisible to authors: synchronous user code (constructors,
 `setup`, `teardown`, `get_prompt`, tools) that turns out to be slow runs in a
-worker thread, so a slow episode does not stall the event loop that serves
+user-code thread, so a slow episode does not stall the event loop that serves
 every other session (see `user_code`; an episode's own sync code still runs
 one call at a time, as under the reference).
 """
@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import (
     Any,
     Awaitable,
@@ -61,17 +62,18 @@ from ors_grpc.protocol.validation import describe_validation_error
 __all__ = [
     "Environment",
     "ToolSignatureError",
+    "ToolMarks",
     "class_has_exclusive_tools",
     "find_terminal_tool",
     "flatten_messages",
-    "is_concurrent_tool",
-    "is_exclusive_tool",
+    "marks_of",
     "overrides",
     "resolve_tool",
     "task_slice",
     "terminal",
     "tool",
     "tool_argument",
+    "tool_marks",
     "tool_result",
     "tool_specs_of",
 ]
@@ -125,14 +127,53 @@ def terminal(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def is_exclusive_tool(fn: Callable[..., Any]) -> bool:
-    """Whether calls to `fn` run alone in their session (exclusive or terminal)."""
-    return bool(getattr(fn, "_env_tool_exclusive", False) or getattr(fn, "_env_tool_terminal", False))
+@dataclass(frozen=True)
+class ToolMarks:
+    """What the server needs to know of a tool to schedule its calls, as its
+    decorators marked it (`tool(concurrent=, exclusive=)`, `@terminal`)."""
+
+    #: Calls run alone in their session: `exclusive=True`, or a terminal tool.
+    exclusive: bool = False
+    #: Calls skip the tool's per-call turn (`concurrent=True`); never an exclusive tool's.
+    concurrent: bool = False
+    #: The environment's `@terminal` tool.
+    terminal: bool = False
 
 
-def is_concurrent_tool(fn: Callable[..., Any]) -> bool:
-    """Whether calls to `fn` skip its per-tool lock (an exclusive tool never does)."""
-    return bool(getattr(fn, "_env_tool_concurrent", False)) and not is_exclusive_tool(fn)
+# The eight possible marks, made once: reading a tool's marks is on every call's path.
+_MARKS = {
+    (exclusive, concurrent, terminal): ToolMarks(exclusive or terminal, concurrent and not (exclusive or terminal),
+                                                 terminal)
+    for exclusive in (False, True) for concurrent in (False, True) for terminal in (False, True)
+}
+
+
+def marks_of(fn: Callable[..., Any]) -> ToolMarks:
+    """The marks of a tool function (none for a function that is not a tool)."""
+    return _MARKS[(bool(getattr(fn, "_env_tool_exclusive", False)), bool(getattr(fn, "_env_tool_concurrent", False)),
+                   bool(getattr(fn, "_env_tool_terminal", False)))]
+
+
+def tool_marks(env: Any, name: str, session_toolset: Any = None) -> Optional[ToolMarks]:
+    """The marks of tool `name` of an environment (a class or an instance),
+    read where `resolve_tool` would find it (the session's toolset, then the
+    environment, then the toolsets it declares) without building anything;
+    None when none of them declares such a tool."""
+    if inspect.isclass(env) and (session_toolset is None or inspect.isclass(session_toolset)):
+        return _class_tool_marks(env, name, session_toolset)  # classes' tools are fixed: read once
+    return _tool_marks(env, name, session_toolset)
+
+
+def _tool_marks(env: Any, name: str, session_toolset: Any) -> Optional[ToolMarks]:
+    cls = env if inspect.isclass(env) else type(env)
+    for owner in (session_toolset, env, *cls.toolsets):
+        fn = getattr(owner, name, None) if owner is not None else None
+        if fn is not None and Environment._is_tool(fn):
+            return marks_of(fn)
+    return None
+
+
+_class_tool_marks = functools.lru_cache(maxsize=4096)(_tool_marks)
 
 
 def _introspect_tool(fn: Callable[..., Any]) -> tuple[Any, dict, list]:
@@ -299,7 +340,7 @@ def class_has_exclusive_tools(owner: type) -> bool:
     toolsets, or a toolset) runs exclusively: its sessions need the gate."""
     owners = (owner, *getattr(owner, "toolsets", ()))
     return any(
-        is_exclusive_tool(fn) and Environment._is_tool(fn)
+        marks_of(fn).exclusive and Environment._is_tool(fn)
         for cls in owners
         for fn in (getattr(cls, name, None) for name in dir(cls))
         if fn is not None
@@ -331,12 +372,12 @@ class Environment(ABC):
     toolsets: ClassVar[Sequence[type]] = ()
     #: Where this environment's synchronous code (constructor, setup, prompt,
     #: tools, task listing, teardown) runs. None (the default): each function
-    #: starts in a worker thread and moves to the event loop once its calls
+    #: starts in a user-code thread and moves to the event loop once its calls
     #: prove quick (8 in a row within 2 ms each); a call over 2 ms on the
     #: loop sends it back to threads, for a trial twice as long (see
     #: `user_code`). True: always on the loop, as the reference
     #: SDK runs it (no thread round trip, but a slow call stalls every
-    #: session). False: always in a worker thread (set it when sync code
+    #: session). False: always in a user-code thread (set it when sync code
     #: that is usually quick may block, e.g. waits on something the loop must
     #: do). Async code always runs on the loop.
     sync_code_on_loop: ClassVar[Optional[bool]] = None

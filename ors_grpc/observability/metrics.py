@@ -28,6 +28,7 @@ import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from ors_grpc.authoring.environment import tool_marks
 from ors_grpc.observability import tracing
 from ors_grpc.observability.rpc_handlers import wrap_behavior
 from ors_grpc.protocol.errors import CRASH_CAUSES
@@ -123,10 +124,7 @@ def environment_label(env_cls: type) -> str:
 def tool_label(env: Any, name: str) -> str:
     """`name` if the environment (or one of its toolsets) defines that tool,
     else `unknown`: a client-chosen name must not mint label values."""
-    owners = [env, *getattr(type(env), "toolsets", ())]
-    if any(getattr(getattr(owner, name, None), "_env_tool", False) for owner in owners):
-        return name
-    return UNKNOWN_TOOL
+    return name if tool_marks(env, name) is not None else UNKNOWN_TOOL
 
 
 # --- hooks called by the session table and the tool calls ---------------------
@@ -316,9 +314,16 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        method = _method_name(details.method)
-        return wrap_behavior(handler, functools.partial(_counted_unary, method=method),
-                             functools.partial(_counted_stream, method=method))
+        return _counted_handler(handler, details.method)
+
+
+@functools.lru_cache(maxsize=256)
+def _counted_handler(handler: grpc.RpcMethodHandler, full_method: str) -> grpc.RpcMethodHandler:
+    """`handler` counting its RPCs, made once per handler (the in-process channel's handlers are the
+    same objects call after call; a door makes ten RPCs an episode)."""
+    method = _method_name(full_method)
+    return wrap_behavior(handler, functools.partial(_counted_unary, method=method),
+                         functools.partial(_counted_stream, method=method))
 
 
 @functools.lru_cache(maxsize=None)  # methods and status codes are fixed sets

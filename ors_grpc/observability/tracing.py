@@ -1,41 +1,14 @@
 """OpenTelemetry tracing of the ORS service (optional: `pip install 'ors-grpc[otel]'`).
 
-Off unless asked for, and then free: with tracing off no interceptor,
-middleware or channel wrapper is installed, and the setup and tool-call hooks
-cost one `is None` check. It is on when
-
-- `enable(tracer_provider)` was called (tests, embedding code), or
-- the standard environment asks for it, checked once when the first server
-  or bridge is built: `OTEL_TRACES_EXPORTER` (e.g. `otlp`, `console`) or an
-  OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` /
-  `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, exporting with `otlp` as
-  opentelemetry-distro does); or a tracer provider is already installed
-  (`opentelemetry-instrument ors-grpc serve ...`). `OTEL_SDK_DISABLED=true`
-  keeps it off. The other `OTEL_*` variables (service name, resource,
-  sampler, batch processor, exporter endpoint, headers, protocol) are the
-  SDK's own.
-
-Spans (never with secrets, tool input or output):
-- one SERVER span per RPC, `ors.v1.EnvironmentService/CallTool`, continuing
-  the W3C `traceparent` of the call's metadata (the bridge sends it, over a
-  network channel or the in-process one; any gRPC client may);
-- `ors.setup` while an episode's environment is built and set up;
-- `execute_tool {name}` per tool call (OpenTelemetry's GenAI convention),
-  with the tool name, the session id and the outcome.
-The HTTP side (`http_bridge/_tracing.py`) adds one SERVER span per request
-and puts its context into the gRPC metadata.
-
-Worker processes (`--workers N`, `--isolation episode`) configure their own
-tracer provider from the same OTEL_* environment (they inherit it), and
-every call the server sends them while tracing is on carries the context of
-its current span (`current_carrier`, `continue_trace`): spans the
-environment's code opens there are children of `execute_tool` (or of
-`ors.setup`), in the same trace.
-
-Why not opentelemetry-instrumentation-grpc's aio server interceptor: it
-breaks streaming handlers written as coroutines (grpc.health's Watch) and
-reads metadata items as `.key`/`.value`, which the in-process channel's are
-not; this module is the small equivalent.
+Off unless the standard `OTEL_*` environment (or `enable(tracer_provider)`)
+asks for it, and then free: with tracing off no interceptor, middleware or
+channel wrapper is installed. On, it makes one SERVER span per RPC
+(continuing the call's W3C `traceparent`), `ors.setup` and `execute_tool
+{name}`, never with secrets, tool input or output, and carries the context
+into worker processes. A small interceptor of its own, because
+opentelemetry-instrumentation-grpc's aio one breaks streaming handlers
+written as coroutines and cannot read the in-process channel's metadata.
+When it is on, the spans and their attributes: docs/deployment.md, "Tracing".
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
-"""Which web pages may drive a door: the `Host` check (DNS rebinding), the
-`Origin` check (another site's page) and the CORS answers for the origins
-allowed on purpose. One rule for every door a browser can reach (the HTTP
-door with its playground and docs, the MCP door); each door applies it.
-
-- Host: bound to a loopback address (or with hosts named), a request whose
-  `Host` names neither loopback (`127.0.0.1`, `localhost`, `[::1]`, the bound
-  address) nor an allowed host is refused, 421. A page that rebinds its own
-  name to 127.0.0.1 still sends that name. Bound to another address, the
-  check is off unless hosts are named (as the MCP SDK has it). A request
-  without a `Host` is not a browser's and is not refused.
-- Origin: a request with an `Origin` that is neither the server's own (its
-  `Host` with http or https) nor allowed is refused, 403, on every request
-  that can change state (the HTTP door: every method but GET, HEAD and
-  OPTIONS; the MCP door: every request, as the MCP spec asks). Clients that
-  are not browsers send no `Origin` and are unaffected.
-- CORS: only an allowed origin gets `Access-Control-Allow-Origin` (its own
-  value, never `*`), on preflights and answers.
-
-Patterns (`--allowed-host`, `--allowed-origin`), case-insensitive:
-`NAME` matches that name without a port (the scheme's default, as browsers
-send it), `NAME:PORT` that port only, `NAME:*` any port or none; an origin is
-`SCHEME://NAME` with the same three forms. As the MCP SDK's `localhost:*`,
-except that `:*` also matches no port and a port must be digits.
+"""Which web pages may drive a door: the `Host` check (DNS rebinding, 421), the
+`Origin` check (another site's page, 403, on requests that can change state)
+and the CORS answers for origins allowed on purpose (never `*`). One rule for
+every door a browser can reach (the HTTP door with its playground and docs,
+the MCP door); each door applies it. Bound to loopback, only loopback names
+and `--allowed-host` patterns are served; clients that are not browsers send
+no `Origin` and are unaffected. The rule and the pattern forms
+(`NAME`, `NAME:PORT`, `NAME:*`): docs/http-bridge.md, "Web pages".
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ __all__ = [
     "environment_crashed",
     "environment_crashed_from_exitcode",
     "environment_error",
+    "exit_text",
     "http_status_for",
     "invalid_index",
     "invalid_index_range",
@@ -245,6 +246,16 @@ def signal_name(signal_number: int) -> str:
         return signal.Signals(signal_number).name
     except ValueError:
         return f"signal {signal_number}"
+
+
+def exit_text(status: Optional[int]) -> str:
+    """How a process ended (Popen's returncode: -N for signal N), for logs:
+    `exit status 3`, `killed by SIGSEGV`, `exit status unknown`."""
+    if status is None:
+        return "exit status unknown"
+    if status < 0:
+        return f"killed by {signal_name(-status)}"
+    return f"exit status {status}"
 
 
 def environment_crashed(cause: str, *, exit_status: Optional[int] = None,

@@ -1,6 +1,6 @@
 """Where an environment's sync code runs when it leaves the choice to us
 (`sync_code_on_loop = None`, the default): quick functions earn the event
-loop, slow ones stay in (or go back to) worker threads."""
+loop, slow ones stay in (or go back to) user-code threads."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ async def test_garbage_collection_during_a_call_on_the_loop_is_not_an_overrun(mo
     del heap
 
 
-async def test_an_overrun_in_a_worker_thread_starts_the_trial_over() -> None:
+async def test_an_overrun_in_a_user_code_thread_starts_the_trial_over() -> None:
     trial = user_code.TRIAL_CALLS
     places = await places_of_calls(fresh_env(), [0.0] * (trial - 1) + [SLOW_S] + [0.0] * (trial + 2))
     assert places == ["thread"] * (2 * trial) + ["loop"] * 2
@@ -153,7 +153,7 @@ KINDS = ["list_tasks", "constructor", "setup", "get_prompt", "tool", "teardown"]
 
 
 @pytest.mark.parametrize("on_loop, expected", [(None, "thread"), (False, "thread"), (True, "loop")])
-async def test_a_first_episode_runs_sync_code_in_worker_threads_unless_the_environment_pins_the_loop(
+async def test_a_first_episode_runs_sync_code_in_threads_unless_the_environment_pins_the_loop(
     on_loop: bool | None, expected: str
 ) -> None:
     assert await run_episodes(fresh_env(on_loop), 1) == dict.fromkeys(KINDS, expected)

@@ -6,8 +6,8 @@ API key, TLS) against one hosting EchoEnv, test/openrewardenv/ (messages, termin
 toolsets, group scoring) against one hosting OpenRewardEnv, test/gatedsetupenv/ (calls while
 the environment is still starting) against one hosting GatedSetupEnv, test/countingwarmenv/
 (warm episodes, exactly-once tool calls) against one hosting CountingWarmEnv; checks that the generated code
-(src/gen/) is what protoc-gen-es makes from proto/ now, and runs the example that README.md and
-docs/clients.md show.
+(src/gen/) is what protoc-gen-es makes from proto/ now, and runs the example that
+docs/clients.md shows.
 
 They need node; the client's packages are installed with `npm ci` when missing
 (tests/support/tooling.py: without node they skip and say why, and under ORS_TESTS_NO_SKIP=1,
@@ -25,6 +25,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.doc_snippets import code_blocks
 from tests.support.servers import ServeProcess, start_serve
 from tests.support.tooling import NPM_CI_TIMEOUT_S, ensure_node_packages
 from tests.support.typescript import BIN, CLIENT, compile_client, suites, tap_count
@@ -33,7 +34,6 @@ from tests.support.warm_environments import MARKER_DIR_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXAMPLE = CLIENT / "examples" / "quickstart.ts"
 EXAMPLE_COMMAND = "cd clients/typescript && npm ci && node dist/examples/quickstart.js"
 
@@ -139,19 +139,14 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     assert not stale, f"stale generated files {stale}: run `npm run generate` in clients/typescript"
 
 
-def _typescript_blocks(page: Path) -> list[str]:
-    return [code for language, code in FENCE.findall(page.read_text()) if language == "typescript"]
+def test_the_page_shows_the_example_and_how_to_run_it() -> None:
+    page = ROOT / "docs" / "clients.md"
+    assert EXAMPLE_COMMAND in page.read_text()
+    typescript = [code for language, code in code_blocks(page) if language == "typescript"]
+    assert EXAMPLE.read_text() in typescript, "docs/clients.md must show examples/quickstart.ts as it is"
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/clients.md"])
-def test_the_pages_show_the_example_and_how_to_run_it(page: str) -> None:
-    text = (ROOT / page).read_text()
-    assert EXAMPLE_COMMAND in text
-    if page == "docs/clients.md":
-        assert EXAMPLE.read_text() in _typescript_blocks(ROOT / page), "docs/clients.md must show examples/quickstart.ts as it is"
-
-
-def test_the_example_runs_as_the_pages_say(built: None) -> None:
+def test_the_example_runs_as_the_page_says(built: None) -> None:
     folder, install, run = (part.strip() for part in EXAMPLE_COMMAND.split("&&"))
     assert (folder, install) == ("cd clients/typescript", "npm ci")  # the install is the module's `built`
     with start_serve() as serve:  # `ors-grpc serve --port 50051`, but on a free port: the example reads ORS_TARGET

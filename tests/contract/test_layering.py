@@ -3,6 +3,9 @@ from the source (tests/support/import_graph.py)."""
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 
 from tests.support.import_graph import GENERATED, PACKAGES, cycles, graph, imports, modules
@@ -71,3 +74,69 @@ def test_the_graph_sees_the_known_edges() -> None:
     assert "http_bridge" in edges[COMPOSITION_ROOT]
     assert "ors_grpc._runtime.sessions" in edges["ors_grpc._runtime.service"]
     assert "ors_grpc.protocol.constants" in edges["ors_grpc.client._connection"]
+
+
+AUTHORING = "ors_grpc.authoring"
+#: A private name (one leading underscore, not a dunder).
+_PRIVATE = re.compile(r"_[A-Za-z]\w*(?<!__)")
+
+
+def _authoring_private_names() -> tuple[set[str], set[str]]:
+    """What authoring keeps to itself: the names of the marks it sets on functions and instances
+    (string constants such as "_env_tool_exclusive"), and the private members of its classes
+    (such as `Environment._is_tool`)."""
+    marks: set[str] = set()
+    members: set[str] = set()
+    for name, path in modules().items():
+        if not _within(name, AUTHORING):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _PRIVATE.fullmatch(node.value):
+                marks.add(node.value)
+            elif isinstance(node, ast.ClassDef):
+                members |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and _PRIVATE.fullmatch(item.name)}
+    return marks, members
+
+
+
+def _own_private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines itself (its own `_call` is not authoring's)."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+    return own
+
+
+def private_authoring_reads() -> list[str]:
+    marks, members = _authoring_private_names()
+    found = []
+    for name, path in modules().items():
+        if _within(name, AUTHORING):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        foreign_members = members - _own_private_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and (node.attr in marks or node.attr in foreign_members):
+                found.append(f"{name}:{node.lineno} reads .{node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in marks:
+                found.append(f"{name}:{node.lineno} names {node.value!r}")
+    return found
+
+
+def test_no_code_outside_authoring_reads_its_private_attributes() -> None:
+    # What a tool is (its marks, its signature) is authoring's to say: through its public functions
+    # (`tool_marks`, `marks_of`, `resolve_tool`, ...), never by reading what it wrote on a function.
+    assert private_authoring_reads() == []
+
+
+def test_the_private_attribute_scan_sees_authorings_names() -> None:
+    # Guards the test above against a scan that finds nothing to look for.
+    marks, members = _authoring_private_names()
+    assert {"_env_tool", "_env_tool_exclusive", "_env_tool_concurrent", "_env_tool_terminal"} <= marks
+    assert "_is_tool" in members

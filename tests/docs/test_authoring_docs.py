@@ -15,7 +15,6 @@ must print the same.
 from __future__ import annotations
 
 import contextlib
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,20 +22,18 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.doc_snippets import code_blocks, expected_prints
 from tests.support.servers import ROOT, SERVE_APP_ON_A_FREE_PORT, start_script_server, start_serve
 
 DOC = ROOT / "docs" / "authoring.md"
-FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: The address the examples are written for (`--http-port 8080`).
 DOC_HTTP = "http://localhost:8080"
-#: `print(...)  # what it prints`
-EXPECTED = re.compile(r"^\s*print\(.*\)  # (.*)$")
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def blocks(language: str) -> list[str]:
-    return [code for lang, code in FENCE.findall(DOC.read_text()) if lang == language]
+    return [code for lang, code in code_blocks(DOC) if lang == language]
 
 
 def files() -> dict[str, str]:
@@ -131,7 +128,7 @@ SERVERS = {"ours": ours, "openreward": openreward_server}
 def test_example_runs(server: str, command: str, code: str, tmp_path: Path) -> None:
     for name, text in files().items():
         (tmp_path / name).write_text(text)
-    expected = [match.group(1) for match in map(EXPECTED.match, code.splitlines()) if match]
+    expected = expected_prints(code)
     with SERVERS[server](serve_args(command), tmp_path) as url:
         result = subprocess.run(
             [sys.executable, "-c", code.replace(DOC_HTTP, url)],

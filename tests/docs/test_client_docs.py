@@ -1,9 +1,9 @@
 """The Python and curl examples of docs/clients.md run as written against `ors-grpc serve`
-(its TypeScript example: tests/client/test_typescript.py)."""
+(its TypeScript example: tests/client/test_typescript.py); the reference clients'
+examples print what the comments on their `print` lines say."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -12,11 +12,11 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.doc_snippets import code_blocks, expected_prints
 from tests.support.servers import ServeProcess, start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "clients.md"
-FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: The addresses the examples are written for (`ors-grpc serve --port 50051 --http-port 8080`).
 DOC_GRPC, DOC_HTTP = "127.0.0.1:50051", "http://127.0.0.1:8080"
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def examples(language: str, containing: str = "") -> list[str]:
-    return [code for lang, code in FENCE.findall(DOC.read_text()) if lang == language and containing in code]
+    return [code for lang, code in code_blocks(DOC) if lang == language and containing in code]
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,12 @@ def test_python_examples_run(serve: ServeProcess, index: int, expected: list[str
     output = run([sys.executable, "-c", pointed_at(code, serve)])
     for text in expected:
         assert text in output
+
+
+@pytest.mark.parametrize("client", ["from ors.client import ORS", "from openreward import AsyncEnvironmentsAPI"])
+def test_the_reference_clients_run_unmodified(serve: ServeProcess, client: str) -> None:
+    (code,) = examples("python", containing=client)
+    assert run([sys.executable, "-c", pointed_at(code, serve)]).splitlines() == expected_prints(code)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

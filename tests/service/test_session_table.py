@@ -74,7 +74,7 @@ async def test_a_failed_setup_is_answered_by_every_call_and_never_torn_down() ->
 
 
 class SlowSyncSetupEnv(EchoEnv):
-    """A sync setup, run in a worker thread (which deletion cannot interrupt), that waits to be let go."""
+    """A sync setup, run in a user-code thread (which deletion cannot interrupt), that waits to be let go."""
 
     sync_code_on_loop = False
     teardowns = 0

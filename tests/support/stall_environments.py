@@ -36,7 +36,7 @@ class StallProbeEnv(WorkerProbeEnv):
     @tool
     def hold_the_gil(self) -> ToolOutput:
         """Catastrophic backtracking: the regex engine (C) never lets the GIL go, so no thread of the
-        process runs (a sync tool: it holds the GIL from a worker thread)."""
+        process runs (a sync tool: it holds the GIL from a user-code thread)."""
         re.match(r"(a+)+$", "a" * 64 + "b")
         return ToolOutput(blocks=[])
 

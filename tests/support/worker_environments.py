@@ -78,7 +78,7 @@ class WorkerProbeEnv(ProbeEnv):
 
     @tool
     def block_thread(self) -> ToolOutput:
-        """A sync call that never returns (it runs in a worker thread once it is found slow)."""
+        """A sync call that never returns (it runs in a user-code thread once it is found slow)."""
         import threading
 
         threading.Event().wait()
@@ -102,7 +102,7 @@ class WorkerProbeEnv(ProbeEnv):
 
     @tool
     def spin(self) -> ToolOutput:
-        """A sync call that computes forever (it runs in a worker thread once it is found slow)."""
+        """A sync call that computes forever (it runs in a user-code thread once it is found slow)."""
         while True:
             pass
 

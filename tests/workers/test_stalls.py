@@ -215,7 +215,7 @@ async def test_c_code_holding_the_gil_is_a_stall_too(tmp_path: Path) -> None:
     with serve_stalls(log, "--workers", "1") as serve:
         async with doors(serve) as door:
             doomed = await door["grpc"].episode("doomed")
-            # A sync tool (in a worker thread) whose regex never lets the GIL go: the whole process stops.
+            # A sync tool (in a user-code thread) whose regex never lets the GIL go: the whole process stops.
             assert STALLED in await door["grpc"].failure(doomed, "hold_the_gil")
             assert_stalled(await door["grpc"].refusal(doomed))
 

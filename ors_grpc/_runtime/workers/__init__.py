@@ -1,7 +1,4 @@
-"""Environments' code in supervised worker processes (`ors-grpc serve --workers N`).
-
-- `hop`: the frames and messages between the server and a worker;
-- `worker`: a worker process's entry point (`python -m ors_grpc._runtime.workers.worker`);
-- `supervisor`: `WorkerHosts`, the host factory that starts the workers and
-  places each episode in one of them (the second implementation of `environment_host`).
-"""
+"""Environments' code in supervised worker processes (`--workers N`,
+`--isolation episode`): `hosts.WorkerHosts` is the host factory
+(`environment_host`'s second implementation), over `pool.WorkerPool`.
+docs/workers.md maps the package, one concept per file, and has the design."""

@@ -1,25 +1,15 @@
 """The template process of `--isolation episode`: imports the environments
-once, then forks a process for each episode.
-
-Started as `python -m ors_grpc._runtime.workers.template CONTROL_FD
-SERVER_PID` (a fresh interpreter, as a worker is: see `supervisor`), it
-reads the server's `hop.Setup` on CONTROL_FD (its end of a socket pair),
-imports what it names and answers `hop.Ready` (or the traceback of the
-import that failed). Then it serves the server's `hop.Fork`s: each forks a
-child that becomes a worker (`worker.run`, with everything imported
-already), answered `hop.Forked` with its pid; and it reaps its children,
-reporting each one's exit status (`hop.Exited`), which only a parent can
-learn.
+once, then forks a worker process per request (`hop.Fork`, answered
+`hop.Forked`) and reports how each child ended (`hop.Exited`), which only a
+parent can learn. Started as `python -m ors_grpc._runtime.workers.template
+CONTROL_FD SERVER_PID`; it talks to the server over CONTROL_FD (a socket
+pair) with blocking frames.
 
 No event loop, no thread and no grpc ever run here: a fork copies only the
-forking thread, so whatever another thread held (a lock, grpc's core) would
-stay held in the child. `gc.freeze` after the imports keeps the children's
-collections off the template's objects, so their pages stay shared.
-
-Its children die with it and it dies with the server (PR_SET_PDEATHSIG
-both), so a server killed with SIGKILL leaves neither behind; for the same
-reason the template's own death takes every episode process with it (it
-runs no environment code after the imports; the server starts a new one).
+forking thread, so whatever another thread held would stay held in the
+child. `gc.freeze` after the imports keeps the children's collections off
+the template's objects, so their pages stay shared. It dies with the server
+and its children with it (PR_SET_PDEATHSIG): docs/workers.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """A worker process: runs environments' code for the server that started it.
 
 Started as `python -m ors_grpc._runtime.workers.worker SOCKET WORKER_ID
-SERVER_PID` (a fresh interpreter: see `supervisor`), or forked from the
-template process with the environments already imported (`--isolation
-episode`: see `template`), it connects to the server's Unix
-socket, learns what to import (`hop.Setup`), and then serves the server's
-calls, each in a task of its own, with the in-process hosts
-(`local_hosts`): inside a worker, sync code is placed on the loop or in a
-thread as it is in the server (`sync_code_on_loop`).
-
-It ends when the server's socket closes (the server stopped or died), and,
-on Linux, is killed with its parent (PR_SET_PDEATHSIG: the server, or the
-template, which is killed with the server) even if its loop is stuck.
-
-Observability: its log lines carry `worker=N`; it traces when the OTEL_*
-environment it inherits from the server asks for it (`tracing.enabled`), and
-runs each call that brings the server's trace context in that context, so
-the environment's spans nest under the server's. Metrics are the server's
-alone: it reads the workers from outside.
-Its event loop is watched from a thread (`loop_monitor`: a WARNING naming
-the code that holds it), and, when the server watches a stall limit,
-another thread reports how the loop does (its lag, and how long one
-callback has held it) every heartbeat period over a connection of its own
-(`hop.Heartbeats`), with blocking writes that need nothing from the loop:
-the server kills a worker whose loop one callback holds, or that falls
-silent, past the limit (`supervisor`).
+SERVER_PID`, or forked from the template with the environments imported
+(`template`), it connects to the hop, learns what to import (`hop.Setup`)
+and serves the server's calls, each in a task of its own, with the
+in-process hosts (`local_hosts`). It ends when the hop closes, and is killed
+with its parent (PR_SET_PDEATHSIG) even if its loop is stuck. A thread
+watches its loop (`loop_monitor`) and another reports it every heartbeat
+period on a connection of its own (`hop.Heartbeats`). Its log lines carry
+`worker=N`; its spans nest under the server's. docs/workers.md has the design.
 """
 
 from __future__ import annotations
@@ -49,7 +33,6 @@ from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
     Heartbeat, Heartbeats, Hello, Ready, Setup, portable_error, read_frame, send_frame, write_frame,
 )
-from ors_grpc.authoring.types import RunToolOutput
 from ors_grpc.observability import tracing
 
 logger = logging.getLogger("ors_grpc.worker")
@@ -112,9 +95,7 @@ class _Episodes:
         if op == "setup":
             return await self._setup(eid, host)
         if op == "run_tool":
-            name, tool_input = rest
-            tool = host.resolve_tool(name)
-            return tool if isinstance(tool, RunToolOutput) else await host.run_tool(name, tool, tool_input)
+            return await host.run_tool(*rest)  # name, tool_input
         method = getattr(host, op)  # prompt, messages, task_tools, score_group
         return await method(*rest)
 

@@ -1,15 +1,15 @@
-"""The README's three-line MCP example runs as written, against a real server."""
+"""The first episode of docs/mcp.md runs as written, against a real server."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import re
 import textwrap
 from typing import Iterator
 
 import pytest
 
+from tests.support.doc_snippets import code_blocks
 from tests.support.servers import ROOT, ServeProcess, start_serve
 
 
@@ -19,10 +19,11 @@ def arithmetic() -> Iterator[ServeProcess]:
         yield serve
 
 
-async def test_the_readme_mcp_example_prints_the_prompt_and_reward_one(arithmetic: ServeProcess) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
-    example = textwrap.dedent(next(block for block in blocks if "from mcp import Client" in block))
-    body = example.replace("http://localhost:8081", arithmetic.mcp_url)
+async def test_the_first_episode_prints_the_prompt_and_reward_one(arithmetic: ServeProcess) -> None:
+    (example,) = [code for language, code in code_blocks(ROOT / "docs" / "mcp.md")
+                  if language == "python" and "/arithmetic/mcp?split=train&index=0" in code]
+    assert "ors-grpc serve --mcp-port 8081" in example  # the server it is written for: the fixture's, on a free port
+    body = textwrap.dedent(example).replace("http://localhost:8081", arithmetic.mcp_url)
     namespace: dict = {}
     exec("async def example():\n" + textwrap.indent(body, "    "), namespace)
     printed = io.StringIO()
