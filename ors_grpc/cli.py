@@ -39,7 +39,7 @@ from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
 from ors_grpc._runtime.workers.connection import KILL_GRACE_S  # noqa: E402
 from ors_grpc._runtime.workers.placement import worker_count  # noqa: E402
 from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S  # noqa: E402
-from ors_grpc.loading import load_environment, load_toolset  # noqa: E402
+from ors_grpc.loading import environment_sources, load_environments, load_toolset  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     API_KEY_HEADER,
     API_KEY_METADATA_KEY,
@@ -125,11 +125,16 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     # Lines break at spaces only: never inside `--tool-timeout` or `in-process`.
     def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
 
+    # A description or epilog: each line filled on its own, keeping its indentation.
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
-                             break_on_hyphens=False)
+        lines = []
+        for line in text.splitlines():
+            inner = indent + line[:len(line) - len(line.lstrip())]
+            lines += textwrap.wrap(line.strip(), width, initial_indent=inner, subsequent_indent=inner,
+                                   break_on_hyphens=False, break_long_words=False) or [""]
+        return "\n".join(lines)
 
 
 #: What the option groups of `serve --help` say about the modes environments' code runs in.
@@ -159,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve environments over gRPC, the ORS HTTP/SSE API with --http-port and MCP with --mcp-port. "
                     f"Where environments' code runs: {_MODES}. SIGTERM drains (see --drain-timeout); SIGINT "
                     "(Ctrl-C), or a second signal, stops at once.",
+        epilog=_sources_epilog(),
     ), sub_log_level)
     drain = commands.add_parser(
         "drain", help="drain a running `ors-grpc serve` on this host", formatter_class=formatter,
@@ -183,7 +189,8 @@ def _serve_parser(serve: argparse.ArgumentParser, log_level: dict[str, Any]) -> 
     code = serve.add_argument_group("environments' code", "What is served, and where its code runs.")
     code.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
                       help="an environment to serve, as module.path:ClassName (the current directory is importable) "
-                           "or path/to/file.py:ClassName; the first is the default one "
+                           "or path/to/file.py:ClassName, or SOURCE:SPEC of another ecosystem's environments (see "
+                           "below); the first is the default one "
                            f"(default: {DEFAULT_ENVIRONMENT})")
     code.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
                       help="register a Toolset that episodes may attach by name (toolset_name); as ENV, a module "
@@ -325,6 +332,26 @@ def _bridge_parser(bridge: argparse.ArgumentParser, log_level: dict[str, Any]) -
     observability.add_argument("--log-level", **log_level)
 
 
+#: How each environment source of ors_grpc/adapters reads its SPEC (`serve --help`; docs/ecosystems.md).
+SOURCE_SYNTAX = {
+    "reasoning-gym": ("reasoning-gym:DATASET[+DATASET...][,...][?split=NAME:SIZE:SEED&...&PARAM=VALUE...]",
+                      "reasoning-gym datasets: one environment per comma, `+` mixes datasets into one, PARAMs "
+                      "configure them (difficulty); e.g. reasoning-gym:leg_counting,basic_arithmetic?split=train:1000:0"),
+    "openenv": ("openenv:MODULE:CLASS[?...] | openenv:URL[?...]",
+                "an OpenEnv Environment (or MCPEnvironment) class hosted here, or a running OpenEnv server fronted; "
+                "options split=NAME:SIZE:SEED (repeatable), name=NAME"),
+}
+
+
+def _sources_epilog() -> str:
+    lines = ["environment sources, each with the extra of its name (pip install '.[NAME]' from the checkout; "
+             "docs/ecosystems.md):"]
+    for name in sorted(environment_sources()):
+        usage, explanation = SOURCE_SYNTAX.get(name, (f"{name}:SPEC", "a source another package installed"))
+        lines += [f"  {usage}", f"      {explanation}"]
+    return "\n".join(lines)
+
+
 def _add_http_limits(parser: Any) -> None:
     """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
     defaults = serving.HttpLimits()
@@ -365,7 +392,7 @@ def _http_limits(args: argparse.Namespace) -> serving.HttpLimits:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    environments = [load_environment(spec) for spec in args.environments or [DEFAULT_ENVIRONMENT]]
+    environments = [cls for spec in args.environments or [DEFAULT_ENVIRONMENT] for cls in load_environments(spec)]
     config = ServerConfig(
         session_timeout_s=args.session_timeout,
         max_message_bytes=args.max_message_bytes,

@@ -1,4 +1,5 @@
-"""Finding the classes `ors-grpc serve` is told to serve: `MODULE:CLASS` or `PATH.py:CLASS`.
+"""Finding the classes `ors-grpc serve` is told to serve: `MODULE:CLASS`, `PATH.py:CLASS`, or
+`SOURCE:SPEC` of an installed environment source (another ecosystem's environments, ors_grpc/adapters).
 
 A path (`./guessgame.py:GuessGame`, `envs/guessgame.py:GuessGame`) is imported
 as `python envs/guessgame.py` would run it: its folder first on `sys.path`,
@@ -14,12 +15,44 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from ors_grpc.authoring.environment import Environment
-from ors_grpc.serving import StartupError
+from ors_grpc.serving import StartupError, extra_install_command
 
-__all__ = ["load_class", "load_environment", "load_toolset"]
+__all__ = ["ENVIRONMENT_SOURCES_GROUP", "environment_sources", "load_class", "load_environment", "load_environments",
+           "load_toolset"]
+
+#: Entry points that serve another ecosystem's environments: `ors-grpc serve NAME:TEXT` calls
+#: the one named NAME with TEXT and serves the Environment classes it returns (ors_grpc/adapters).
+ENVIRONMENT_SOURCES_GROUP = "ors_grpc.environment_sources"
+
+
+def environment_sources() -> dict[str, EntryPoint]:
+    """The installed environment sources (`reasoning-gym`, `openenv`, ...) by name."""
+    return {entry.name: entry for entry in entry_points(group=ENVIRONMENT_SOURCES_GROUP)}
+
+
+def load_environments(spec: str) -> list[type[Environment]]:
+    """The Environment classes `spec` names: `SOURCE:TEXT` of an installed environment
+    source (its extra installed), else one class (`load_environment`)."""
+    source_name, sep, text = spec.partition(":")
+    source = environment_sources().get(source_name) if sep else None
+    if source is None:
+        return [load_environment(spec)]
+    try:
+        make = source.load()
+    except ImportError as exc:
+        raise StartupError(f"{source_name}: {exc} (install the extra: {extra_install_command(source_name)})") from None
+    try:
+        found = list(make(text))
+    except (ValueError, TypeError, LookupError, OSError, ImportError) as exc:
+        raise StartupError(f"{spec}: {exc}") from None
+    for cls in found:
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise StartupError(f"{spec}: the {source_name} source gave {cls!r}, not an ors_grpc.Environment")
+    return found
 
 
 def load_environment(spec: str) -> type[Environment]:

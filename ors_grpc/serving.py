@@ -438,7 +438,12 @@ def _mcp_door_starter() -> Any:
 
 
 def mcp_extra_install_command() -> str:
-    """The pip command that adds the `mcp` extra to this installation of ors-grpc: from the
+    """The pip command that adds the `mcp` extra (see `extra_install_command`)."""
+    return extra_install_command("mcp")
+
+
+def extra_install_command(extra: str) -> str:
+    """The pip command that adds `extra` to this installation of ors-grpc: from the
     checkout or wheel it was installed from (pip records it in `direct_url.json`), editable if it is."""
     # The first installation that has the record (a checkout's own `ors_grpc.egg-info` has none).
     texts = (dist.read_text("direct_url.json") for dist in importlib.metadata.distributions(name="ors-grpc"))
@@ -448,7 +453,7 @@ def mcp_extra_install_command() -> str:
         record = {}
     url = urllib.parse.urlsplit(record.get("url", ""))
     if url.scheme != "file":
-        return "pip install '.[mcp]' in the ors-grpc checkout"
+        return f"pip install '.[{extra}]' in the ors-grpc checkout"
     where = urllib.request.url2pathname(url.path)
     editable = "-e " if record.get("dir_info", {}).get("editable") else ""
-    return f"pip install {editable}{shlex.quote(where + '[mcp]')}"
+    return f"pip install {editable}{shlex.quote(where + f'[{extra}]')}"
