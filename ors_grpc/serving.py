@@ -267,7 +267,7 @@ def _serve_signals() -> Iterator[_ServeSignals]:
 
 
 #: How to stop `serve` at once while it drains (`_ServeSignals`), in the drain's log line and on stdout.
-STOP_AT_ONCE_HINT = "press Ctrl-C (SIGINT) or send SIGTERM again"
+STOP_AT_ONCE_HINT = "press Ctrl-C (SIGINT) or send a second SIGTERM"
 
 
 async def _until_drained_or_stopped(drain: Drain, signals: _ServeSignals) -> None:
@@ -277,7 +277,6 @@ async def _until_drained_or_stopped(drain: Drain, signals: _ServeSignals) -> Non
     await _first_of(signals.stop.wait(), signals.drain.wait(), drain.begun.wait())
     if signals.stop.is_set():
         return
-    signals.drain.set()  # begun by the Drain RPC too: from now on any signal stops at once
     await drain.begin()
     print(f"draining: {drain.open_sessions} episodes open, served for up to {drain.seconds_left:.0f} s while new "
           f"ones are refused; to stop at once, {STOP_AT_ONCE_HINT}", flush=True)

@@ -155,13 +155,14 @@ async def test_a_second_signal_cuts_the_drain_short_as_the_terminal_and_the_log_
             said = await asyncio.get_running_loop().run_in_executor(None, next_line_saying, serve, "draining: ")
             # The default drain timeout: 300 s.
             assert re.fullmatch(r"draining: 1 episodes open, served for up to (300|299) s while new ones are refused; "
-                                r"to stop at once, press Ctrl-C \(SIGINT\) or send SIGTERM again", said), said
-            serve.proc.send_signal(signal.SIGTERM)
+                                r"to stop at once, press Ctrl-C \(SIGINT\) or send a second SIGTERM", said), said
+            # After a SIGTERM, another one; after `ors-grpc drain`, Ctrl-C (its first SIGTERM only drains).
+            serve.proc.send_signal(signal.SIGTERM if begun_by == "SIGTERM" else signal.SIGINT)
             assert await exit_status(serve) == 0
     assert record.read_text().splitlines() == ["teardown 0"]
     [started] = [line for line in (tmp_path / "stderr.txt").read_text().splitlines() if "drain_started" in line]
     assert started.endswith('drain_started open_sessions=1 timeout_s=300 '
-                            'stop_at_once="press Ctrl-C (SIGINT) or send SIGTERM again"'), started
+                            'stop_at_once="press Ctrl-C (SIGINT) or send a second SIGTERM"'), started
 
 
 def next_line_saying(serve: ServeProcess, prefix: str) -> str:
