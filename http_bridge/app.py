@@ -23,8 +23,8 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.browser_policy import BrowserPolicy
-from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
-from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
+from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES, SESSION_ID_HEADER
+from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for, unknown_environment
 from ors_grpc.protocol.routed_ids import door_address, routed_id, session_key
 
 from . import _convert as convert
@@ -105,9 +105,9 @@ def _stub(request: web.Request) -> EnvironmentServiceStub:
 
 
 def _session_id(request: web.Request) -> str:
-    session_id = request.headers.get("X-Session-ID")
+    session_id = request.headers.get(SESSION_ID_HEADER)
     if not session_id:
-        raise convert.BadRequest("X-Session-ID header is required", status=400)
+        raise convert.BadRequest(f"{SESSION_ID_HEADER} header is required", status=400)
     return session_id.strip()
 
 
@@ -133,6 +133,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         # Request text protobuf refused (a route's input not checked by
         # _convert or guard_request): the client's, so 400, and unquoted.
         return _error("Request text is not valid UTF-8 (undecodable bytes or a lone surrogate)", 400)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(_body_too_large(request.content_length, request.app[CONFIG].max_body_bytes), 413)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -145,6 +147,12 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return _error("Internal Server Error", 500)
+
+
+def _body_too_large(size_bytes: int | None, limit_bytes: int) -> str:
+    """The 413's text: the limit, as the gRPC door's MESSAGE_TOO_LARGE says it (`message_too_large`)."""
+    size = f"is {size_bytes} bytes, " if size_bytes is not None else "is "
+    return f"Request Entity Too Large: the request body {size}over the server's body limit of {limit_bytes} bytes"
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
@@ -192,8 +200,7 @@ async def default_env_redirect(request: web.Request, handler: Handler) -> web.St
                     location += f"?{request.query_string}"
                 raise web.HTTPPermanentRedirect(location)
             if len(segments) > 1:
-                hosted = ", ".join(names)
-                return _error(f"unknown environment {segments[0]!r}; this server hosts: {hosted}", 404)
+                return _error(unknown_environment(segments[0], names), 404)
     return await handler(request)
 
 
@@ -474,7 +481,7 @@ async def prepare_episodes(request: web.Request) -> web.Response:
     """Warm episodes: set up episodes of the given tasks ahead, for `/create` to claim."""
     body = await _body(request, convert.PrepareBody)
     header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
-    session_id = request.headers.get("X-Session-ID")
+    session_id = request.headers.get(SESSION_ID_HEADER)
     rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets, session_id)
     response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"preparing": response.preparing, "ttl_seconds": response.ttl_seconds})

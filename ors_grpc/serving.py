@@ -18,10 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
+import importlib.util
+import json
 import logging
+import shlex
 import signal
 import socket
 import ssl
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Iterator, Sequence
 
@@ -45,8 +51,8 @@ __all__ = [
     "contained_by_default", "drain", "serve",
 ]
 
-#: How to install the MCP door's SDK, which is an extra (pyproject.toml says why).
-MCP_EXTRA_INSTALL = "pip install 'ors-grpc[mcp]'"
+#: The modules of the `mcp` extra the MCP door imports, and what each is.
+MCP_EXTRA_MODULES = {"mcp": "the MCP SDK 'mcp'", "uvicorn": "'uvicorn'", "starlette": "'starlette'"}
 #: Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
 
@@ -285,13 +291,20 @@ def _serve_signals() -> Iterator[_ServeSignals]:
             loop.remove_signal_handler(signum)
 
 
+#: How to stop `serve` at once while it drains (`_ServeSignals`), in the drain's log line and on stdout.
+STOP_AT_ONCE_HINT = "press Ctrl-C (SIGINT) or send a second SIGTERM"
+
+
 async def _until_drained_or_stopped(drain: Drain, signals: _ServeSignals) -> None:
     """Serve until a stop; or until a drain (SIGTERM or the Drain RPC) has
     seen every episode end or timed out, unless a stop cuts it short."""
+    drain.stop_at_once_hint = STOP_AT_ONCE_HINT
     await _first_of(signals.stop.wait(), signals.drain.wait(), drain.begun.wait())
     if signals.stop.is_set():
         return
     await drain.begin()
+    print(f"draining: {drain.open_sessions} episodes open, served for up to {drain.seconds_left:.0f} s while new "
+          f"ones are refused; to stop at once, {STOP_AT_ONCE_HINT}", flush=True)
     await _first_of(signals.stop.wait(), drain.until_done())
     if signals.stop.is_set():
         logger.warning("drain_cut_short open_sessions=%d", drain.open_sessions)
@@ -438,14 +451,33 @@ def _mcp_door_starter() -> Any:
     """`mcp_bridge.start_mcp_door`, imported only when the MCP door is asked
     for: its SDK is the `mcp` extra (pyproject.toml says why), and it imports
     OpenTelemetry at import time, which a server without the MCP door must
-    not need. A StartupError naming the install command when it is missing."""
-    try:
-        from mcp_bridge import start_mcp_door
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] == "mcp_bridge":
-            raise
-        raise StartupError(
-            f"the MCP door (--mcp-port) needs the mcp extra, which is not installed (no module {exc.name!r}):"
-            f" {MCP_EXTRA_INSTALL}"
-        ) from None
+    not need. A StartupError naming what is missing and the install command when it is."""
+    missing = [what for module, what in MCP_EXTRA_MODULES.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise StartupError(f"the MCP door (--mcp-port) needs the mcp extra, which is not installed "
+                           f"(missing: {', '.join(missing)}): {mcp_extra_install_command()}")
+    from mcp_bridge import start_mcp_door
+
     return start_mcp_door
+
+
+def mcp_extra_install_command() -> str:
+    """The pip command that adds the `mcp` extra (see `extra_install_command`)."""
+    return extra_install_command("mcp")
+
+
+def extra_install_command(extra: str) -> str:
+    """The pip command that adds `extra` to this installation of ors-grpc: from the
+    checkout or wheel it was installed from (pip records it in `direct_url.json`), editable if it is."""
+    # The first installation that has the record (a checkout's own `ors_grpc.egg-info` has none).
+    texts = (dist.read_text("direct_url.json") for dist in importlib.metadata.distributions(name="ors-grpc"))
+    try:
+        record = json.loads(next((text for text in texts if text), "{}"))
+    except ValueError:
+        record = {}
+    url = urllib.parse.urlsplit(record.get("url", ""))
+    if url.scheme != "file":
+        return f"pip install '.[{extra}]' in the ors-grpc checkout"
+    where = urllib.request.url2pathname(url.path)
+    editable = "-e " if record.get("dir_info", {}).get("editable") else ""
+    return f"pip install {editable}{shlex.quote(where + f'[{extra}]')}"

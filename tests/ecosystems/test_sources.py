@@ -51,7 +51,8 @@ def test_a_source_whose_extra_is_missing_says_what_to_install() -> None:
     done = subprocess.run([sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", "openenv:pkg.env:MyEnv"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.strip().endswith("(install the extra: pip install 'ors-grpc[openenv]')"), done.stderr
+    # This virtualenv has the checkout installed editable: the command adds the extra to it (as for --mcp-port).
+    assert done.stderr.strip().endswith(f"(install the extra: pip install -e '{ROOT}[openenv]')"), done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr
 
 
