@@ -8,6 +8,13 @@ directory only the server's user can open (0700), the worker runs the
 operator's own code, and nothing else can connect. The proto types would
 need every value converted twice per call.
 
+Once a connection's handshake is done, a `Framing` protocol takes its
+transport over: each frame read is handed on as it arrives, from the
+transport's own callback (no reader task, no task step per frame), and the
+frames sent during one turn of the event loop leave in one write at the
+end of that turn (under load, many calls share a system call and a wake-up
+of the other side; alone, a frame waits for nothing).
+
 Messages:
 
 - server -> worker: `(call_id, op, args)`, answered once; call id 0 asks for
@@ -40,11 +47,11 @@ import pickle
 import socket
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Optional
 
 __all__ = [
-    "Exited", "Fork", "Forked", "Heartbeat", "Heartbeats", "Hello", "Ready", "Setup", "portable_error", "read_frame",
-    "recv_frame", "send_frame", "write_frame",
+    "Exited", "Fork", "Forked", "Framing", "Heartbeat", "Heartbeats", "Hello", "Ready", "Setup", "portable_error",
+    "read_frame", "recv_frame", "send_frame", "write_frame",
 ]
 
 _HEADER = struct.Struct(">I")
@@ -161,6 +168,73 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
             raise EOFError("the hop closed")
         data += chunk
     return bytes(data)
+
+
+class Framing(asyncio.Protocol):
+    """The hop's frames on a connection whose handshake is done: `on_message(message)` for each
+    frame as it arrives, `on_lost()` once the connection closed; `send` batches by loop turn."""
+
+    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None]) -> None:
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._loop = asyncio.get_running_loop()
+        self._transport: Optional[asyncio.Transport] = None
+        self._received = bytearray()
+        #: Frames sent this turn of the loop, written together at its end.
+        self._outgoing: list[bytes] = []
+
+    def take_over(self, writer: asyncio.StreamWriter) -> None:
+        """Read and write `writer`'s connection from now on. Its stream reader holds nothing:
+        a handshake ends with a frame that the other side waits for before it sends again."""
+        self._transport = writer.transport  # type: ignore[assignment]  # a stream's (uvloop's in the server)
+        writer.transport.set_protocol(self)
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self._outgoing:
+            self._loop.call_soon(self.flush)
+        self._outgoing.append(_HEADER.pack(len(data)))
+        self._outgoing.append(data)
+
+    def flush(self) -> None:
+        """Write the frames sent so far (at the end of the loop's turn, or now)."""
+        outgoing, self._outgoing = self._outgoing, []
+        if outgoing and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(outgoing))
+
+    async def drain(self) -> None:
+        """Returns once what was sent has left this process (or the connection closed)."""
+        self.flush()
+        while self._transport is not None and not self._transport.is_closing() \
+                and self._transport.get_write_buffer_size():
+            await asyncio.sleep(0.005)
+
+    def close(self) -> None:
+        self.flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        received = self._received
+        if received:
+            received += data
+            data = bytes(received)
+        view, start, end = memoryview(data), 0, len(data)
+        while end - start >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(data, start)
+            if size > MAX_FRAME_BYTES:
+                raise ValueError(f"hop frame of {size} bytes")  # the transport closes: the hop is lost
+            stop = start + _HEADER.size + size
+            if stop > end:
+                break
+            message = pickle.loads(view[start + _HEADER.size:stop])
+            start = stop
+            self._on_message(message)
+        received[:] = data[start:] if start < end else b""
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._outgoing.clear()
+        self._on_lost()
 
 
 class ForeignError(Exception):

@@ -36,7 +36,7 @@ class HopListener:
 
     def __init__(
         self, table: ProcessTable, setup: Setup, clock: Callable[[], float], *,
-        on_ready: Callable[[WorkerProcess, asyncio.StreamReader, asyncio.StreamWriter], None],
+        on_ready: Callable[[WorkerProcess, asyncio.StreamWriter], None],
         on_failed: Callable[[WorkerProcess, WorkerStartupError], None],
     ) -> None:
         self._table = table
@@ -85,7 +85,7 @@ class HopListener:
             self._on_failed(process, WorkerStartupError(
                 f"a worker process could not import the environments:\n{ready.error.rstrip()}"))
             return
-        self._on_ready(process, reader, writer)
+        self._on_ready(process, writer)  # the connection's frames are the connection's (`hop.Framing`) now
 
     async def _hear_heartbeats(self, hello: Heartbeats, reader: asyncio.StreamReader,
                                writer: asyncio.StreamWriter) -> None:

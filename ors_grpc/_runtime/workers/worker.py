@@ -31,7 +31,7 @@ from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
-    Heartbeat, Heartbeats, Hello, Ready, Setup, portable_error, read_frame, send_frame, write_frame,
+    Framing, Heartbeat, Heartbeats, Hello, Ready, Setup, portable_error, read_frame, send_frame, write_frame,
 )
 from ors_grpc.observability import tracing
 
@@ -126,7 +126,7 @@ class _Episodes:
         await host.teardown()
 
 
-async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: int, op: str, args: tuple,
+async def _answer(hop: Framing, episodes: _Episodes, call_id: int, op: str, args: tuple,
                   trace_context: list[dict[str, str]]) -> None:
     if trace_context:  # tracing is on in the server: this call's spans are children of its span
         tracing.continue_trace(trace_context[0])
@@ -134,19 +134,19 @@ async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: in
         value = await episodes.run(op, args)
     except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
         if call_id:
-            write_frame(writer, (call_id, False, RuntimeError("the call was cancelled")))
+            hop.send((call_id, False, RuntimeError("the call was cancelled")))
         return
     except Exception as exc:
         if call_id:
-            write_frame(writer, (call_id, False, portable_error(exc)))
+            hop.send((call_id, False, portable_error(exc)))
         return
     if call_id:
         try:
-            write_frame(writer, (call_id, True, value))
+            hop.send((call_id, True, value))
         except Exception as exc:  # a result that cannot be pickled
-            write_frame(writer, (call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+            hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
     if episodes.exit_after_episode and episodes.idle_after_an_episode:
-        await writer.drain()
+        await hop.drain()
         _exit()  # `--isolation episode`: the process ends with its episode
 
 
@@ -181,28 +181,39 @@ async def serve(socket_path: str, worker_id: int) -> None:
         await writer.drain()
         return
     write_frame(writer, Ready())
+    closed = asyncio.get_running_loop().create_future()
+    calls = _Calls(_Episodes(environments, toolsets))
+    calls.episodes.exit_after_episode = setup.exit_after_episode
+    calls.hop = Framing(calls.received, lambda: closed.done() or closed.set_result(None))
+    calls.hop.take_over(writer)  # now: the server sends nothing before it has read Ready
     _watch_the_loop(socket_path, worker_id, setup.heartbeat_interval_s)
-    episodes = _Episodes(environments, toolsets)
-    episodes.exit_after_episode = setup.exit_after_episode
-    running: dict[int, asyncio.Task[None]] = {}
-    anonymous: set[asyncio.Task[None]] = set()
-    while True:
-        try:
-            call_id, op, args, *trace_context = await read_frame(reader)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return  # the server closed the hop: it stopped, or died
+    await closed  # the server closed the hop: it stopped, or died
+
+
+class _Calls:
+    """The server's calls, each in a task of its own as its frame arrives; `cancel` cancels one."""
+
+    def __init__(self, episodes: _Episodes) -> None:
+        self.episodes = episodes
+        self.hop: Framing
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._anonymous: set[asyncio.Task[None]] = set()
+
+    def received(self, message: tuple) -> None:
+        call_id, op, args, *trace_context = message
         if op == "cancel":
-            task = running.get(args[0])
+            task = self._running.get(args[0])
             if task is not None:
                 task.cancel()
-            continue
-        task = asyncio.get_running_loop().create_task(_answer(writer, episodes, call_id, op, args, trace_context))
+            return
+        task = asyncio.get_running_loop().create_task(
+            _answer(self.hop, self.episodes, call_id, op, args, trace_context))
         if call_id:
-            running[call_id] = task
-            task.add_done_callback(lambda _, call_id=call_id: running.pop(call_id, None))
+            self._running[call_id] = task
+            task.add_done_callback(lambda _, call_id=call_id: self._running.pop(call_id, None))
         else:
-            anonymous.add(task)
-            task.add_done_callback(anonymous.discard)
+            self._anonymous.add(task)
+            task.add_done_callback(self._anonymous.discard)
 
 
 def _watch_the_loop(socket_path: str, worker_id: int, heartbeat_interval_s: float) -> None:
