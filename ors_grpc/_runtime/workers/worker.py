@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Optional
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
@@ -60,6 +61,22 @@ def load(spec: str) -> Any:
     return target
 
 
+async def ready_prompt(host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
+    """The episode's prompt, made as soon as it is set up, to go with setup's answer (a client asks for
+    it next: this saves a round trip), as (ok, prompt or the exception it raised); None, and the prompt
+    is made when asked, unless `get_prompt` is a quick function that runs on the loop: one in a thread,
+    or an `async def`, could take long, which would hold setup's answer back."""
+    if host.state is not EpisodeState.READY or not host.implements("get_prompt"):
+        return None
+    get_prompt = host.env.get_prompt
+    if inspect.iscoroutinefunction(get_prompt) or user_code.runs_in_thread(get_prompt, host.env_cls.sync_code_on_loop):
+        return None
+    try:
+        return True, await host.prompt()
+    except Exception as exc:
+        return False, portable_error(exc)
+
+
 class _Episodes:
     """The episodes living in this worker, by the server's episode id."""
 
@@ -87,8 +104,8 @@ class _Episodes:
             host = self.live[eid] = self.hosts.episode(self.environments[env_name])
             self.hosted_one = True
             return await host.construct(task_spec, secrets)
-        if op == "end" or op == "teardown":
-            return await self._finish(eid, op)
+        if op == "teardown":
+            return await self._teardown(eid)
         host = self.live[eid]
         if op == "attach_toolset":
             return await host.attach_toolset(self.toolsets[rest[0]])
@@ -99,20 +116,26 @@ class _Episodes:
         method = getattr(host, op)  # prompt, messages, task_tools, score_group
         return await method(*rest)
 
-    async def _finish(self, eid: int, op: str) -> None:
-        """`end`: the episode is over (forgotten at once unless there is a setup to wait for or a
-        teardown to run); `teardown`: run it (after the setup still running, if any)."""
+    def end(self, eid: int) -> None:
+        """The episode is over: forgotten at once, unless there is a setup to wait for or a teardown to run
+        (answered at once, in the frame's callback: it runs no environment code)."""
         host = self.live.get(eid)
-        if host is None:
-            return
-        if op == "end":
+        if host is not None:
             host.end()
             if not host.set_up and eid not in self.setting_up:
                 del self.live[eid]
-        elif eid not in self.setting_up:
-            await self._tear_down(eid, host)
 
-    async def _setup(self, eid: int, host: LocalEpisodeHost) -> None:
+    async def _teardown(self, eid: int) -> None:
+        """The episode is over (the server sends no `end` before the teardown of one it saw set up): tear it
+        down, or leave that to the setup still running."""
+        host = self.live.get(eid)
+        if host is not None:
+            host.end()
+            if eid not in self.setting_up:
+                await self._tear_down(eid, host)
+
+    async def _setup(self, eid: int, host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
+        """Set the episode up; with it, its prompt (`ready_prompt`)."""
         self.setting_up.add(eid)
         try:
             await host.setup()
@@ -120,6 +143,7 @@ class _Episodes:
             self.setting_up.discard(eid)
             if host.state is EpisodeState.ENDED:  # the server gave up on it meanwhile
                 await self._tear_down(eid, host)
+        return await ready_prompt(host)
 
     async def _tear_down(self, eid: int, host: LocalEpisodeHost) -> None:
         self.live.pop(eid, None)
@@ -144,10 +168,18 @@ async def _answer(hop: Framing, episodes: _Episodes, call_id: int, op: str, args
         try:
             hop.send((call_id, True, value))
         except Exception as exc:  # a result that cannot be pickled
-            hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+            if op == "setup":  # its prompt: the server asks for it again, and that call fails
+                hop.send((call_id, True, None))
+            else:
+                hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
     if episodes.exit_after_episode and episodes.idle_after_an_episode:
-        await hop.drain()
-        _exit()  # `--isolation episode`: the process ends with its episode
+        await _exit_once_sent(hop)
+
+
+async def _exit_once_sent(hop: Framing) -> None:
+    """`--isolation episode`: the process ends with its episode, once its answers left."""
+    await hop.drain()
+    _exit()
 
 
 def _connect(socket_path: str) -> socket.socket:
@@ -205,6 +237,11 @@ class _Calls:
             task = self._running.get(args[0])
             if task is not None:
                 task.cancel()
+            return
+        if op == "end":
+            self.episodes.end(args[0])
+            if self.episodes.exit_after_episode and self.episodes.idle_after_an_episode:
+                asyncio.get_running_loop().create_task(_exit_once_sent(self.hop))
             return
         task = asyncio.get_running_loop().create_task(
             _answer(self.hop, self.episodes, call_id, op, args, trace_context))
