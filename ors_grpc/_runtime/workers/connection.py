@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc._runtime.workers.hop import Framing, local_error
+from ors_grpc._runtime.workers.hop import Framing, answered, local_error
 from ors_grpc._runtime.workers.startup import WorkerStartupError
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import (
@@ -149,10 +149,13 @@ class WorkerConnection:
         answer = self._calls.get(call_id)
         if answer is None or answer.done():
             return
-        if ok:
-            answer.set_result(value)
-        else:
+        if not ok:
             answer.set_exception(local_error(value))
+            return
+        try:
+            answer.set_result(answered(ok, value))
+        except Exception as exc:  # (never: the worker sends only outputs that validate)
+            answer.set_exception(exc)
 
     def _closed(self) -> None:
         self.alive = False  # no call goes from now on
