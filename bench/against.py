@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.doors import DoorResult, episodes_per_second, measure_door, median_round
+from bench.floors import FLOOR_DOORS, print_shares
 from bench.servers import REPO_ROOT
 from bench.stats import fmt_ms
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             order = sides if n % 2 == 0 else sides[::-1]
             measured: dict[tuple[str, str], DoorResult] = {}
             for door in args.doors:
-                if door == "reference":
+                if door == "reference" or door in FLOOR_DOORS:  # neither side's code
                     measured[door, ""] = measure_door(door, args, with_image=False)
                     continue
                 for side in order:
@@ -121,16 +122,22 @@ def print_against(rounds: list[dict[tuple[str, str], DoorResult]], args: argpars
         if load["first_error"]:
             print(f"{'':<21} first error: {load['first_error']}")
     print(f"episodes/s of {THIS} over {args.against}: the median rounds' ratio (each round's ratio)")
-    for door in dict.fromkeys(door for door, _ in rounds[0] if door != "reference"):
+    for door in dict.fromkeys(door for door, side in rounds[0] if side):
         if (door, THIS) not in medians or (door, args.against) not in medians:
             continue
         each = [episodes_per_second(r[door, THIS]) / episodes_per_second(r[door, args.against]) for r in rounds
                 if episodes_per_second(r[door, args.against])]
         overall = episodes_per_second(medians[door, THIS]) / episodes_per_second(medians[door, args.against])
         print(f"{door:<10} {overall:.2f}x ({', '.join(f'{x:.2f}' for x in each)})")
+    floors = {door: episodes_per_second(medians[door, ""]) for door in FLOOR_DOORS if (door, "") in medians}
+    if floors:
+        print("episodes/s as a share of the floor's (bench/floors.py; median rounds):")
+        for side in (args.against, THIS):
+            print_shares({**floors, **{door: episodes_per_second(result) for (door, code), result in medians.items()
+                                       if code == side}}, f"{side:<10} ")
     reference = medians.get(("reference", ""))
     if reference and episodes_per_second(reference):
         print("episodes/s over the reference's (median rounds):")
         for (door, side), result in medians.items():
-            if door != "reference":
+            if side:
                 print(f"{door:<10} {side:<10} {episodes_per_second(result) / episodes_per_second(reference):.2f}x")

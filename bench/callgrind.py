@@ -15,7 +15,9 @@ thirty times as many seconds here).
 Both trees take the same path: the environment's sync code is pinned to the
 loop (a thread hop depends on timing), and the HTTP bridge's quick-result
 window is widened to 5 s (every `/call` answers in one response, however
-slow the server is under valgrind). Needs valgrind (``apt-get install valgrind``).
+slow the server is under valgrind). ``--door floor-http`` / ``floor-grpc`` /
+``floor-grpc-unary`` count the floors' bare servers (``bench/floors.py``)
+the same way. Needs valgrind (``apt-get install valgrind``).
 """
 
 import argparse
@@ -26,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.floors import SERVER_OF as FLOOR_SERVERS
 from bench.load import make_door, run_episode
 from bench.servers import REPO_ROOT, ServerProcess
 
@@ -49,8 +52,11 @@ def python_of(tree: Path) -> str:
 
 
 def server_under_callgrind(tree: Path, door: str, out: Path) -> ServerProcess:
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-            f"--callgrind-out-file={out}/cg.%p", python_of(tree), "-c", _SERVE,
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+                f"--callgrind-out-file={out}/cg.%p", python_of(tree)]
+    if door in FLOOR_SERVERS:  # the floor's bare server, of this checkout (it has no code of the tree's)
+        return ServerProcess(f"callgrind-{door}", [*valgrind, "-m", "bench.floors", FLOOR_SERVERS[door]])
+    argv = [*valgrind, "-c", _SERVE,
             "serve", "bench.env:BenchEnv", "--port", "0", *(["--http-port", "0"] if door == "http" else [])]
     server = ServerProcess(f"callgrind-{door}", argv, {"PYTHONPATH": str(tree), "ORS_BENCH_SYNC_CODE": "loop"})
     server.cwd = tree
@@ -74,7 +80,8 @@ def callgrind_control(*args: str) -> None:
 
 
 async def count_episodes(server: ServerProcess, door: str, args: argparse.Namespace) -> None:
-    target = f"http://127.0.0.1:{server.ports['HTTP']}" if door == "http" else f"127.0.0.1:{server.ports['gRPC']}"
+    http = door in ("http", "floor-http")
+    target = f"http://127.0.0.1:{server.ports['HTTP']}" if http else f"127.0.0.1:{server.ports['gRPC']}"
     pid = str(server.proc.pid)
     async with make_door(door, target) as client:
         await run_episodes(client, args.warmup, args.workers)
@@ -98,7 +105,8 @@ def measure(tree: Path, door: str, args: argparse.Namespace) -> tuple[float, flo
     """(loop thread, other threads) instructions per episode, in millions."""
     with tempfile.TemporaryDirectory(prefix="ors-callgrind-") as out:
         with server_under_callgrind(tree, door, Path(out)) as server:
-            server.start({"gRPC", "HTTP"} if door == "http" else {"gRPC"}, timeout=600)
+            server.start({"gRPC", "HTTP"} if door == "http" else {"HTTP"} if door == "floor-http" else {"gRPC"},
+                         timeout=600)
             asyncio.run(count_episodes(server, door, args))
         counted = per_thread(Path(out))
     if 1 not in counted:
@@ -109,8 +117,9 @@ def measure(tree: Path, door: str, args: argparse.Namespace) -> tuple[float, flo
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__.splitlines()[0])
-    parser.add_argument("--door", choices=("grpc", "http"), default="grpc",
-                        help="grpc: our client's RunEpisode streams; http: the bridge, raw aiohttp")
+    parser.add_argument("--door", choices=("grpc", "http", *FLOOR_SERVERS), default="grpc",
+                        help="grpc: our client's RunEpisode streams; http: the bridge, raw aiohttp; floor-*: the"
+                             " floors' bare servers (bench/floors.py), whatever --tree says")
     parser.add_argument("--tree", type=Path, action="append",
                         help="a checkout whose server to count (again for several; default: this one)")
     parser.add_argument("--episodes", type=int, default=500)

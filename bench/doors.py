@@ -5,8 +5,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.floors import SERVER_OF as FLOOR_SERVERS
 from bench.placements import tree_cpu_seconds
-from bench.servers import ServerProcess, ours_server, reference_server, run_load
+from bench.servers import ServerProcess, floor_server, ours_server, reference_server, run_load
 
 #: Door name suffixes that pin where the environment's sync code runs, and
 #: the value of ORS_BENCH_SYNC_CODE (read by bench/env.py) that pins it.
@@ -36,6 +37,9 @@ def server_for(door: str, args: argparse.Namespace, tree: Path | None = None) ->
         return server, ports
     if door == "reference":
         return reference_server(quiet=args.quiet_reference), {"HTTP"}
+    if door in FLOOR_SERVERS:
+        kind = FLOOR_SERVERS[door]
+        return floor_server(kind), {"HTTP"} if kind == "http" else {"gRPC"}
     serve_args = tuple(args.serve_args.split())
     if door == "mcp":
         return ours_server(http=False, mcp=True, serve_args=serve_args), {"gRPC", "MCP"}
@@ -50,8 +54,10 @@ def target_of(door: str, server: ServerProcess) -> tuple[str, str]:
     """(load-generator door kind, target address) of a started server."""
     for suffix in SYNC_CODE_SUFFIXES:
         door = door.removesuffix(suffix)
-    if door in ("grpc", "grpc-raw"):
+    if door in ("grpc", "grpc-raw", "floor-grpc", "floor-grpc-unary"):
         return door, f"127.0.0.1:{server.ports['gRPC']}"
+    if door == "floor-http":
+        return door, f"http://127.0.0.1:{server.ports['HTTP']}"
     if door == "mcp":
         return "mcp", f"http://127.0.0.1:{server.ports['MCP']}"
     return "http", f"http://127.0.0.1:{server.ports['HTTP']}"
@@ -82,7 +88,7 @@ def measure_door(door: str, args: argparse.Namespace, with_image: bool, tree: Pa
                                warmup=args.warmup, duration=args.duration)
         cpu = tree_cpu_seconds(server.proc.pid) - cpu_before
         result.load["server_cpu"] = cpu / (time.perf_counter() - wall_before)
-        if with_image and args.image_calls:
+        if with_image and args.image_calls and door not in FLOOR_SERVERS:
             result.image = run_load(kind, target, "image", 300, count=args.image_calls)
     return result
 

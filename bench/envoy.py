@@ -2,8 +2,8 @@
 
 Both parts use the Envoy topology of ``deploy/envoy/run_topology.py``
 (``EnvoyTopology``: each backend serves ``bench.env:BenchEnv`` on its gRPC
-port and its HTTP door; Envoy hashes ``x-session-id`` on a gRPC and an HTTP
-listener) and the benchmark's own closed-loop load generator
+port and its HTTP door; Envoy routes ``x-session-id`` on a gRPC and an HTTP
+listener, to the backend a session id names, else by its hash) and the benchmark's own closed-loop load generator
 (``bench.load``, episodes of 5 tool calls).
 
 1. Added latency: one backend; the same load, in one run, straight at the

@@ -23,11 +23,15 @@ from typing import Any
 from bench.stats import latency_summary
 
 
-#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP.
-DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp")
+#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP, and the floors
+#: (bench/floors.py: bare aiohttp and grpc.aio carrying the same requests without application code).
+DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp", "floor-http", "floor-grpc", "floor-grpc-unary")
 
 
 def make_door(kind: str, target: str):
+    if kind.startswith("floor-"):
+        from bench.floors import make_floor_door
+        return make_floor_door(kind, target)
     if kind == "http":
         from bench.http_door import HttpDoor
         return HttpDoor(target)

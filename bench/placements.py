@@ -8,7 +8,8 @@ workloads: the trivial ``bench.env:BenchEnv``, and ``bench.cpu_env``'s
 as the main benchmark, through our Python client on the gRPC door:
 episodes/s, tool-call p50/p99, the creation's p50/p99 (the `create` step,
 as the client sees it) and the CPU of the server and every process under it,
-as a share of a core and per episode ("of it procs": the processes' part).
+as a share of a core and in milliseconds per episode ("of it procs": the
+processes' part).
 Where the server has processes under it (workers, episode processes), their
 count and their memory (USS: private pages, from ``/proc/PID/smaps_rollup``)
 are sampled half-way through the measured window.
@@ -66,6 +67,19 @@ class Row:
     @property
     def episodes_per_second(self) -> float:
         return self.load["episodes"] / self.load["seconds"] if self.load else 0.0
+
+    @property
+    def cpu_ms_per_episode(self) -> float:
+        """Milliseconds of CPU of the server and the processes under it per episode (`server_cpu`, the share of
+        a core over the whole load, over the measured episodes/s)."""
+        eps = self.episodes_per_second
+        return self.load["server_cpu"] / eps * 1000 if eps else float("nan")
+
+    @property
+    def children_cpu_ms_per_episode(self) -> float:
+        """The part of `cpu_ms_per_episode` spent by the processes under the server."""
+        eps = self.episodes_per_second
+        return self.load["children_cpu"] / eps * 1000 if eps else float("nan")
 
 
 # --- processes under the server ----------------------------------------------
@@ -158,8 +172,7 @@ def measure(workload: str, placement: str, serve_args: tuple[str, ...], args: ar
             row.load = load.result()
         own, under = (after - before for after, before in zip(split_cpu_seconds(pid), cpu_before))
         wall = time.perf_counter() - wall_before
-        row.load["server_cpu"] = (own + under) / wall
-        row.load["children_cpu"] = under / wall
+        row.load["server_cpu"], row.load["children_cpu"] = (own + under) / wall, under / wall
         if workload == PACED_WORKLOAD:
             row.paced = run_load("grpc", target, "creations", 120, count=PACED_CREATIONS, pause=PACED_PAUSE_S)
     return row
@@ -200,8 +213,9 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"\n## Where environments' code runs: {args.workers} workers, {args.duration:g} s"
           f" (after {args.warmup:g} s warm-up), gRPC door (ors_grpc.client), median of {args.rounds} round(s)")
     print(f"{'workload':<10} {'serve args':<20} {'episodes/s':>10} {'vs in-proc':>10} {'p50 ms':>8} {'p99 ms':>8}"
-          f" {'create p50':>10} {'create p99':>10} {'errors':>6} {'server CPU':>10}"
-          f" {'CPU ms/ep':>9} {'of it procs':>11} {'procs':>5} {'USS/proc MiB':>12}")
+          f" {'create p50':>10} {'create p99':>10} {'errors':>6} {'server CPU':>10} {'CPU ms/ep':>9}"
+          f" {'of it procs':>11} {'procs':>5}"
+          f" {'USS/proc MiB':>12}")
     in_process = {r.workload: r for r in rows if r.placement == "in-process" and r.load}
     for row in rows:
         label = f"{row.workload:<10} {row.placement:<20}"
@@ -215,7 +229,8 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         print(f"{label} {row.episodes_per_second:>10.1f} {versus:>10} {fmt_ms(load['tool_calls']['p50']):>8}"
               f" {fmt_ms(load['tool_calls']['p99']):>8} {fmt_ms(load['creates']['p50']):>10}"
               f" {fmt_ms(load['creates']['p99']):>10} {load['errors']:>6} {load['server_cpu']:>10.0%}"
-              f" {cpu_ms(row, 'server_cpu'):>9} {cpu_ms(row, 'children_cpu'):>11} {len(row.child_uss):>5} {uss:>12}")
+              f" {row.cpu_ms_per_episode:>9.2f} {row.children_cpu_ms_per_episode:>11.2f} {len(row.child_uss):>5}"
+              f" {uss:>12}")
         if load["first_error"]:
             print(f"{'':<31} first error: {load['first_error']}")
     print_paced(rows)
@@ -224,12 +239,6 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         for row in rows:
             if row.rounds:
                 print(f"{row.workload:<10} {row.placement:<20} " + "  ".join(f"{eps:.1f}" for eps in row.rounds))
-
-
-def cpu_ms(row: Row, rate: str) -> str:
-    """CPU milliseconds per episode: the CPU rate `rate` (seconds per second, over the
-    warm-up and the measured window alike) over the episodes/s."""
-    return f"{row.load[rate] / row.episodes_per_second * 1000:.2f}" if row.episodes_per_second else "-"
 
 
 def print_paced(rows: list[Row]) -> None:

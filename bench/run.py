@@ -10,6 +10,9 @@ and ``grpc-on-loop`` (pinned to the event loop, as the reference runs it) and
 ``grpc-raw`` (the gRPC service through the bare generated stubs, one RPC per
 step). Each door gets a fresh server process and a separate load-generator
 process (``bench.load``); the HTTP doors are driven by the same aiohttp code.
+The floors (``bench/floors.py``: bare aiohttp and grpc.aio carrying the same
+requests with no application code) run in the same rounds, and each door's
+episodes/s is printed as a share of its floor's.
 """
 
 import argparse
@@ -21,13 +24,15 @@ import time
 from dataclasses import dataclass, field
 
 from bench.doors import MIB, DoorResult, measure_door, median_round, server_for, start_or_skip, target_of
+from bench.floors import FLOOR_DOORS, print_shares
 from bench.servers import run_load
 from bench.stats import fmt_ms
 
-DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads")
+DOORS = ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads", *FLOOR_DOORS)
 OPTIONAL_DOORS = ("bridge-on-loop", "grpc-on-loop", "grpc-raw", "mcp")
-#: The doors ``--against`` compares by default: the HTTP bridge and the gRPC door through our client.
-AGAINST_DOORS = ("bridge", "grpc")
+#: The doors ``--against`` compares by default: the HTTP bridge and the gRPC door through our client, and
+#: their floors (measured once a round).
+AGAINST_DOORS = ("bridge", "grpc", "floor-http", "floor-grpc")
 @dataclass
 class MemoryResult:
     label: str
@@ -103,6 +108,10 @@ def print_load_table(results: dict[str, DoorResult], args: argparse.Namespace) -
         print(f"episodes/s in each of {args.rounds} rounds (rows above: each door's median round):")
         for door, res in results.items():
             print(f"{door:<14} " + "  ".join(f"{eps:.1f}" for eps in res.rounds))
+    measured = {door: res.load["episodes"] / res.load["seconds"] for door, res in results.items() if res.load}
+    if any(door in measured for door in FLOOR_DOORS):
+        print("each door's episodes/s as a share of its floor's (bench/floors.py; median rounds):")
+        print_shares(measured)
 
 
 def print_image_table(results: dict[str, DoorResult], args: argparse.Namespace) -> None:

@@ -97,6 +97,11 @@ def reference_server(quiet: bool = False) -> ServerProcess:
     return ServerProcess("reference", [sys.executable, "-m", "bench.ref_server"], extra)
 
 
+def floor_server(kind: str) -> ServerProcess:
+    """A floor server (``bench/floors.py``): bare aiohttp (``http``) or bare grpc.aio (``grpc``)."""
+    return ServerProcess(f"floor-{kind}", [sys.executable, "-m", "bench.floors", kind])
+
+
 def ours_server(http: bool, environment: str = "bench.env:BenchEnv", mcp: bool = False,
                 serve_args: Sequence[str] = ()) -> ServerProcess:
     """``ors-grpc serve bench.env:BenchEnv`` (or `environment`) with or without the HTTP bridge (and the MCP

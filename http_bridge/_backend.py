@@ -12,6 +12,14 @@ from ors_grpc.protocol.door import EnvNames, Metadata, error_reason, open_channe
 __all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel", "retry_after"]
 
 
+#: Where a request keeps its metadata without a session id, read from its headers once.
+_REQUEST_METADATA = "ors_grpc.call_metadata"
+
+
 def call_metadata(request: web.Request, session_id: Optional[str] = None) -> Metadata:
-    """The gRPC metadata of an HTTP request (`ors_grpc.protocol.door.call_metadata`)."""
-    return door.call_metadata(request.headers, session_id)
+    """The gRPC metadata of an HTTP request (`ors_grpc.protocol.door.call_metadata`); its
+    headers are read once per request (the default-environment redirect asks too)."""
+    metadata = request.get(_REQUEST_METADATA)
+    if metadata is None:
+        metadata = request[_REQUEST_METADATA] = door.call_metadata(request.headers)
+    return door.with_session_id(metadata, session_id)

@@ -84,9 +84,12 @@ async def guard_request(request: web.Request, handler: Handler) -> web.StreamRes
     body that does not arrive within the body timeout. Runs before every
     route, so a new route is covered without a change of its own."""
     convert.check_text(request.path, "the URL path")
-    for name, value in request.headers.items():
-        convert.check_text(value, f"the {name} header")
-    if request.body_exists:
+    headers = request.headers
+    if not "".join(headers.values()).isascii():  # (only text beyond ASCII can hold a lone surrogate)
+        for name, value in headers.items():
+            convert.check_text(value, f"the {name} header")
+    # A body already all in (a small one arrives with its head) has no wait to bound: no timer for it.
+    if request.body_exists and not request.content.is_eof():
         try:
             async with asyncio.timeout(request.app[LIMITS].body_timeout_s):
                 await request.read()  # kept by aiohttp: the route's read() gets it

@@ -25,6 +25,7 @@ from ors_grpc.observability import tracing
 from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
 from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
+from ors_grpc.protocol.routed_ids import door_address, routed_id, session_key
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
@@ -67,6 +68,10 @@ class BridgeConfig:
     tls_root_cert: Optional[str]
     tls_server_name: Optional[str]
     channel: Optional[Any]
+    #: When set, `/create_session` names this host and the port the request
+    #: came in on in the id it hands out (`routed_ids`): a proxy in front of
+    #: this door sends the session's requests back to it.
+    advertise_host: Optional[str] = None
 
 
 CONFIG = web.AppKey("config", BridgeConfig)
@@ -277,9 +282,15 @@ async def create_session(request: web.Request) -> web.StreamResponse:
     """A new session id: SSE (what both Python clients read) or JSON, by Accept."""
     rpc_request = service_pb2.CreateSessionIdRequest()
     response = await _stub(request).CreateSessionId(rpc_request, metadata=call_metadata(request))
+    sid = response.session_id
+    advertise_host = request.app[CONFIG].advertise_host
+    if advertise_host is not None:
+        # This door's address, not the gRPC door's: the proxy reaches this door directly.
+        port = request.transport.get_extra_info("sockname")[1] if request.transport is not None else 0
+        sid = routed_id(door_address(advertise_host, port), session_key(sid))
     if not wants_event_stream(request):
-        return _json({"sid": response.session_id})
-    return sse_response([("task_id", response.session_id), ("end", "")])
+        return _json({"sid": sid})
+    return sse_response([("task_id", sid), ("end", "")])
 
 
 async def create_episode(request: web.Request) -> web.Response:
@@ -538,6 +549,7 @@ def create_app(
     channel: Optional[Any] = None,
     http_limits: HttpLimits = HttpLimits(),
     browser_policy: Optional[BrowserPolicy] = None,
+    advertise_host: Optional[str] = None,
 ) -> web.Application:
     """The HTTP/SSE bridge in front of the gRPC backend at `backend_target` ("host:port").
 
@@ -549,6 +561,7 @@ def create_app(
     `http_limits` are the HTTP port's timeouts and caps (see `_http_server`).
     `browser_policy` says which `Host` and `Origin` are served (see `_browsers`;
     None: a loopback-bound door's, with nothing more allowed).
+    `advertise_host`: see `BridgeConfig.advertise_host` (`serve --advertise-host`).
     """
     policy = browser_policy or BrowserPolicy.for_bind("127.0.0.1")
     app = web.Application(
@@ -567,6 +580,7 @@ def create_app(
         tls_root_cert=tls_root_cert,
         tls_server_name=tls_server_name,
         channel=channel,
+        advertise_host=advertise_host,
     )
     app.cleanup_ctx.append(_backend_channel)
     app.add_routes(_routes())

@@ -217,6 +217,10 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="SECONDS",
                        help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served before "
                             "they are ended (0: at once); new episodes are refused meanwhile")
+    serve.add_argument("--advertise-host", default=None, metavar="HOST",
+                       help="hand out session ids that name HOST and the door's port (this backend's address as "
+                            "the proxy in front knows it: Envoy's stateful sessions route them back here; "
+                            "docs/deployment.md)")
     serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
                        help="run environments' code in N supervised worker processes (auto: one per CPU "
                             "this process may use) instead of the server process; environments must be MODULE:CLASS")
@@ -330,6 +334,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls_key=args.tls_key,
         setup_wait_s=args.setup_wait,
         drain_timeout_s=args.drain_timeout,
+        advertise_host=args.advertise_host,
         workers=args.workers,
         worker_memory_limit_mib=args.worker_memory_limit,
         worker_stall_limit_s=args.worker_stall_limit,

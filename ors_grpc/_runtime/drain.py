@@ -3,9 +3,11 @@ but serves the ones it holds until each ends, or until its drain timeout.
 
 `Drain.begin` (SIGTERM in `ors-grpc serve`, or the Drain RPC) turns every
 grpc.health.v1 service name NOT_SERVING, so that Kubernetes and proxies
-with health checks stop sending it new work; refuses new episodes with
-ERROR_REASON_DRAINING (UNAVAILABLE, retryable under a new session id on
-another backend); and ends the prepared episodes nobody can claim now.
+with health checks stop sending it new work; refuses new episodes and new
+session ids with ERROR_REASON_DRAINING (UNAVAILABLE, retryable under a new
+session id on another backend), but for an episode under an id it issued
+moments before (`issued_ids`: a proxy may route that id nowhere else); and
+ends the prepared episodes nobody can claim now.
 `until_done` then waits for the session table to empty. Stopping the server
 afterwards is the composition root's (`ors_grpc.serving`).
 """

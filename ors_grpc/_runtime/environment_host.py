@@ -4,8 +4,8 @@ Everything the server asks of an environment's code goes through a host:
 
 - an `EpisodeHost` holds one episode's environment for its whole life
   (construct, attach its session toolset, set up, prompt, messages, task
-  tools, a tool's marks, call a tool, score a group, tear down, kill) and knows where that
-  life stands (`EpisodeState`);
+  tools, a tool's marks, call a tool, score a group, tear down, kill) and
+  knows where that life stands (`EpisodeState`);
 - a `CatalogHost` answers an environment class's own calls (splits, tasks,
   its tool listing), which need no episode.
 

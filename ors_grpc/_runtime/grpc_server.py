@@ -26,6 +26,7 @@ from ors_grpc.authoring.environment import Environment
 from ors_grpc.observability import metrics
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import ORSError, abort
+from ors_grpc.protocol.routed_ids import door_address
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.reflection import add_reflection
 from ors_grpc._runtime.inprocess import InProcessChannel
@@ -100,6 +101,10 @@ class ServerConfig:
     setup_wait_s: float = DEFAULT_SETUP_WAIT_S
     #: Seconds a draining server serves the episodes it holds before ending them.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: When set, the session ids the server hands out name this host and the
+    #: door's port (`ors_grpc.protocol.routed_ids`), for a proxy that routes
+    #: each session to the backend that issued its id (Envoy's stateful sessions).
+    advertise_host: str | None = None
     #: When set, environments' code runs in this many worker processes
     #: (`_runtime/workers`), not in the server process.
     workers: int | None = None
@@ -203,6 +208,7 @@ class _MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
         return _checking_handler(handler)
 
 
+@functools.lru_cache(maxsize=256)  # made once per method's handler, not once per call
 def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     deserialize = handler.request_deserializer
 
@@ -377,6 +383,8 @@ async def _create_server(
         port = 0
     if port == 0:
         raise OSError(errno.EADDRINUSE, "address in use, or not an address of this host", address)
+    if config.advertise_host:
+        service.route_address = door_address(config.advertise_host, port)
     await server.start()
     sessions.start()
     # In-process, environments' code shares this loop: name the code that blocks it.

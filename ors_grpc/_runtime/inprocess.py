@@ -19,8 +19,9 @@ and answers over it are refused by the service itself
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
-from typing import Any, AsyncIterator, Callable, NamedTuple, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional, Sequence
 
 import grpc
 
@@ -72,6 +73,9 @@ class _Context:
             self._trailing = tuple(trailing_metadata)
         raise _Abort(details)
 
+    async def send_initial_metadata(self, initial_metadata: Metadata) -> None:
+        """Nothing to send in-process: no proxy stands between."""
+
     def set_code(self, code: grpc.StatusCode) -> None:
         self._code = code
 
@@ -119,17 +123,31 @@ class _StreamCall:
 
     _END = object()
 
-    def __init__(self, produce: Callable[[_Context], AsyncIterator[Any]], context: _Context) -> None:
+    def __init__(
+        self, open_stream: Callable[[_Context], Awaitable[Optional[AsyncIterator[Any]]]], context: _Context
+    ) -> None:
         self._context = context
-        self._messages: asyncio.Queue[Any] = asyncio.Queue()
+        # Messages nobody has read yet, and the read waiting for the next one:
+        # one reader, a few messages a call (an asyncio.Queue would be more).
+        self._messages: collections.deque[Any] = collections.deque()
+        self._reader: Optional[asyncio.Future[Any]] = None
         self._error: Optional[grpc.aio.AioRpcError] = None
         self._ended = False
-        self.task = asyncio.get_running_loop().create_task(self._run(produce))
+        self.task = asyncio.get_running_loop().create_task(self._run(open_stream))
 
-    async def _run(self, produce: Callable[[_Context], AsyncIterator[Any]]) -> None:
+    def _put(self, message: Any) -> None:
+        reader, self._reader = self._reader, None
+        if reader is None or reader.done():  # (a read that was cancelled leaves the message for the next)
+            self._messages.append(message)
+        else:
+            self._answer(reader, message)
+
+    async def _run(self, open_stream: Callable[[_Context], Awaitable[Optional[AsyncIterator[Any]]]]) -> None:
         try:
-            async for message in produce(self._context):
-                self._messages.put_nowait(message)
+            messages = await open_stream(self._context)  # the handler's messages (None: it wrote none)
+            if messages is not None:
+                async for message in messages:
+                    self._put(message)
             if self._context.failed():
                 self._error = self._context.rpc_error()
         except _Abort:
@@ -139,18 +157,30 @@ class _StreamCall:
         except Exception as exc:
             self._error = _unexpected(self._context, exc)
         finally:
-            self._messages.put_nowait(self._END)
+            self._put(self._END)
 
-    async def read(self) -> Any:
+    def read(self) -> asyncio.Future[Any]:
+        """The next message, EOF after the last, or the call's error: a future
+        (grpc.aio's is a coroutine; a future is awaited alike, and a caller that
+        waits for it with a timeout needs no task of its own around it)."""
+        reader = self.task.get_loop().create_future()
         if self._ended:
-            return grpc.aio.EOF
-        message = await self._messages.get()
+            reader.set_result(grpc.aio.EOF)
+        elif self._messages:
+            self._answer(reader, self._messages.popleft())
+        else:
+            self._reader = reader
+        return reader
+
+    def _answer(self, reader: asyncio.Future[Any], message: Any) -> None:
         if message is not self._END:
-            return message
+            reader.set_result(message)
+            return
         self._ended = True
         if self._error is not None:
-            raise self._error
-        return grpc.aio.EOF
+            reader.set_exception(self._error)
+        else:
+            reader.set_result(grpc.aio.EOF)
 
     def cancel(self) -> bool:
         """Cancel the handler (a tool call's own task is not the handler's)."""
@@ -181,7 +211,12 @@ class InProcessChannel:
         registry = _HandlerRegistry()
         add_servicer(servicer, registry)
         self._handlers = registry.handlers
-        self._interceptors = list(interceptors)
+        self._interceptors = tuple(interceptors)
+        # Their chain, built once: each call goes through the same links.
+        continuation: Callable[[_CallDetails], Any] = self._lookup
+        for interceptor in reversed(self._interceptors):
+            continuation = _chained(interceptor, continuation)
+        self._intercepted = continuation
         self._streams: set[asyncio.Task[None]] = set()
 
     async def drain(self, grace: Optional[float]) -> None:
@@ -202,14 +237,11 @@ class InProcessChannel:
                 f"Sent message larger than max ({size} vs. {self._max_message_bytes})",
             )
 
-    async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
-        async def lookup(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
-            return self._handlers.get(details.method)
+    async def _lookup(self, details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
+        return self._handlers.get(details.method)
 
-        continuation: Callable[[_CallDetails], Any] = lookup
-        for interceptor in reversed(self._interceptors):
-            continuation = _chained(interceptor, continuation)
-        handler = await continuation(_CallDetails(method, metadata))
+    async def _handler(self, method: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler:
+        handler = await self._intercepted(_CallDetails(method, metadata))
         if handler is None:
             raise _Context(metadata).rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {method}")
         return handler
@@ -239,16 +271,15 @@ class InProcessChannel:
             invocation_metadata = tuple(metadata or ())
             self._check_size(request, invocation_metadata)
 
-            async def produce(context: _Context) -> AsyncIterator[Any]:
+            async def open_stream(context: _Context) -> Optional[AsyncIterator[Any]]:
                 handler = await self._handler(method, invocation_metadata)
                 messages = handler.unary_stream(request, context)
                 if inspect.isawaitable(messages):  # a handler that only aborts or writes
                     await messages
-                    return
-                async for message in messages:
-                    yield message
+                    return None
+                return messages
 
-            stream = _StreamCall(produce, _Context(invocation_metadata))
+            stream = _StreamCall(open_stream, _Context(invocation_metadata))
             self._streams.add(stream.task)
             stream.task.add_done_callback(self._streams.discard)
             return stream

@@ -22,7 +22,8 @@ from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
 from ors_grpc._runtime.user_code import run_user_code, runs_in_thread
 from ors_grpc.authoring.environment import (
-    Environment, ToolMarks, find_terminal_tool, marks_of, overrides, resolve_tool, task_slice, tool_argument, tool_result, tool_specs_of,
+    Environment, ToolMarks, find_terminal_tool, marks_of, overrides, resolve_tool, task_slice, tool_argument,
+    tool_result, tool_specs_of,
 )
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
 

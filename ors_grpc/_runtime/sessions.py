@@ -29,6 +29,7 @@ from ors_grpc.authoring.environment import Environment, class_has_exclusive_tool
 from ors_grpc._runtime.environment_host import EpisodeState, HostFactory
 from ors_grpc._runtime.episode_record import EndedRecords, EpisodeRecorder
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
+from ors_grpc._runtime.issued_ids import IssuedIds
 from ors_grpc._runtime.local_hosts import LocalHosts
 from ors_grpc.protocol.errors import ORSError, bounded_text
 from ors_grpc._runtime.server_stats import ServerStats
@@ -102,8 +103,11 @@ class SessionTable:
         self.warm = WarmPool(ttl_s=warm_ttl_s, end=self.end, setup_timeout_s=warm_setup_timeout_s)
         #: Per-environment counters for the live view (GetServerStats).
         self.stats = ServerStats()
-        #: Set once the server drains: no new episode from then on.
+        #: Set once the server drains: no new episode or session id from then
+        #: on (but an episode under an id it issued just before: `issued_ids`).
         self.draining = False
+        #: The session ids CreateSessionId handed out, for a while (`issued_ids`).
+        self.issued = IssuedIds()
         self._emptied: asyncio.Event | None = None
         #: The records of ended episodes, answered as long as finished results linger.
         self._ended_records = EndedRecords(result_linger_s)
@@ -146,6 +150,7 @@ class SessionTable:
             self._check_room(1)
             session = self._start(sid, env_cls, task_spec, secrets, toolset_cls, toolset_name, task_json)
         session.sid = sid
+        self.issued.forget(sid)
         session.record.created_at = time.time()  # a claimed episode's life starts now
         session.touch()
         self._sessions[sid] = session
@@ -210,11 +215,20 @@ class SessionTable:
         return session
 
     def check_can_create(self, sid: str) -> None:
-        self._refuse_when_draining()
+        """SESSION_EXISTS, TOO_MANY_SESSIONS, or DRAINING unless this server
+        issued `sid` moments ago (`issued_ids`: a proxy routes it nowhere else)."""
+        if not self.issued.recent(sid):
+            self._refuse_when_draining()
         if sid in self._sessions:
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_EXISTS, "Session already exists")
         if self._max_sessions is not None and len(self._sessions) >= self._max_sessions:
             raise ORSError(errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS, "Too many sessions")
+
+    def issue_id(self) -> str:
+        """A new session id, remembered (`issued`); DRAINING once the server
+        drains: its client asks again, and a proxy sends it to another server."""
+        self._refuse_when_draining()
+        return self.issued.new()
 
     def _refuse_when_draining(self) -> None:
         if self.draining:
@@ -276,6 +290,7 @@ class SessionTable:
 
     async def delete(self, sid: str, ended: int = pb.EPISODE_END_DELETED) -> None:
         """End the episode of `sid`, if any (`ended`: how, for its record). Idempotent."""
+        self.issued.forget(sid)
         session = self._sessions.pop(sid, None)
         if session is None:
             return

@@ -15,6 +15,7 @@ from typing import Callable
 import grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
+from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
 
 __all__ = ["EpisodeStream", "EpisodeStreamPool"]
 
@@ -30,11 +31,15 @@ class EpisodeStream:
 
     `route_key` is the `x-session-id` the stream was opened with: a load
     balancer sent the whole stream to the backend that key chose, so every
-    session created on it sends that key with its per-step RPCs too.
+    session created on it sends that key with its per-step RPCs too. Once
+    answered, it is the key the server answered in its initial metadata: a
+    proxy with stateful sessions (Envoy) names in it the backend it chose, so
+    those RPCs reach that backend even after its hash table changed.
     """
 
     def __init__(self, call: grpc.aio.StreamStreamCall, route_key: str) -> None:
         self.route_key = route_key
+        self._answered = False
         self._call = call
         self._lock = asyncio.Lock()
         self.broken = False
@@ -57,6 +62,9 @@ class EpisodeStream:
             try:
                 await self._call.write(request)
                 answer = await self._call.read()
+                if not self._answered and answer is not grpc.aio.EOF:
+                    self._answered = True
+                    self._adopt_route_key(await self._call.initial_metadata())
             except asyncio.InvalidStateError:  # the call ended meanwhile (its backend died, say)
                 self.cancel()
                 raise grpc.aio.AioRpcError(
@@ -73,6 +81,12 @@ class EpisodeStream:
                 details="the RunEpisode stream ended before answering",
             )
         return answer
+
+    def _adopt_route_key(self, metadata: grpc.aio.Metadata | None) -> None:
+        for key, value in metadata or ():
+            if key == SESSION_ID_METADATA_KEY and isinstance(value, str) and value:
+                self.route_key = value
+                return
 
     async def delete_episode(self, timeout: float) -> bool:
         """A `delete` step; True once the server deleted the episode (the

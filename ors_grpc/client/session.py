@@ -185,6 +185,7 @@ class AsyncSession:
             self.session_id = None  # not created (maybe someone else's: never delete it)
             raise ORSServerError.from_step_error(answer.error)
         self._stream = stream
+        self._route_key = stream.route_key  # as the server answered it (`EpisodeStream`)
         return True
 
     async def _create_by_rpcs(self) -> None:

@@ -314,9 +314,16 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        method = _method_name(details.method)
-        return wrap_behavior(handler, functools.partial(_counted_unary, method=method),
-                             functools.partial(_counted_stream, method=method))
+        return _counted_handler(handler, details.method)
+
+
+@functools.lru_cache(maxsize=256)
+def _counted_handler(handler: grpc.RpcMethodHandler, full_method: str) -> grpc.RpcMethodHandler:
+    """`handler` counting its RPCs, made once per handler (the in-process channel's handlers are the
+    same objects call after call; a door makes ten RPCs an episode)."""
+    method = _method_name(full_method)
+    return wrap_behavior(handler, functools.partial(_counted_unary, method=method),
+                         functools.partial(_counted_stream, method=method))
 
 
 @functools.lru_cache(maxsize=None)  # methods and status codes are fixed sets

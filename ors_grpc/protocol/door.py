@@ -21,7 +21,7 @@ from ors_grpc.protocol import json_text
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, ERROR_REASON_METADATA_KEY, SESSION_ID_METADATA_KEY
 
 __all__ = ["EnvNames", "Metadata", "api_key_of", "call_metadata", "error_reason", "open_channel", "retry_after",
-           "secrets_from_header"]
+           "secrets_from_header", "with_session_id"]
 
 logger = logging.getLogger("ors_grpc.door")
 
@@ -80,13 +80,16 @@ def call_metadata(headers: Mapping[str, str], session_id: Optional[str] = None) 
     travels in the request message, and a missing key is refused by the
     backend as it should be.
     """
-    metadata = []
     api_key = api_key_of(headers)
-    if api_key and _printable_ascii(api_key):
-        metadata.append((API_KEY_METADATA_KEY, api_key))
+    metadata: Metadata = ((API_KEY_METADATA_KEY, api_key),) if api_key and _printable_ascii(api_key) else ()
+    return with_session_id(metadata, session_id)
+
+
+def with_session_id(metadata: Metadata, session_id: Optional[str]) -> Metadata:
+    """`metadata` (a request's `call_metadata` without a session id) with `session_id`'s routing entry."""
     if session_id and _printable_ascii(session_id):
-        metadata.append((SESSION_ID_METADATA_KEY, session_id))
-    return tuple(metadata)
+        return (*metadata, (SESSION_ID_METADATA_KEY, session_id))
+    return metadata
 
 
 def secrets_from_header(header: Optional[str]) -> dict[str, str]:

@@ -25,10 +25,16 @@ def test_bench_runs_every_door_briefly():
     report = done.stdout
     assert "skipped" not in report, report
     assert "first error" not in report, report
-    for door in ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads"):
+    for door in ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads", "floor-http", "floor-grpc",
+                 "floor-grpc-unary"):
         assert any(line.startswith(door + " ") for line in report.splitlines()), (door, report)
     for heading in ("## Closed loop", "episodes/s in each of 2 rounds", "MiB image block", "## Resident memory"):
         assert heading in report, report
+    shares = report.split("as a share of its floor's")[1].split("##")[0].splitlines()[1:]
+    pairs = [(line.split()[0], line.split()[3]) for line in shares if line.strip()]
+    assert pairs == [("bridge", "floor-http"), ("grpc", "floor-grpc"), ("grpc", "floor-grpc-unary"),
+                     ("bridge-threads", "floor-http"), ("grpc-threads", "floor-grpc"),
+                     ("grpc-threads", "floor-grpc-unary")], report
 
 
 def test_bench_setup_seconds_mode_runs_both_loops_briefly():
@@ -57,6 +63,10 @@ def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_ch
     assert rows == [["bridge", "HEAD"], ["bridge", "this"], ["grpc", "HEAD"], ["grpc", "this"]], report
     ratios = report.split("episodes/s of this over HEAD")[1].splitlines()[1:3]
     assert [line.split()[0] for line in ratios] == ["bridge", "grpc"], report
+    shares = report.split("as a share of the floor's")[1].splitlines()[1:5]
+    assert [(line.split()[0], line.split()[1], line.split()[4]) for line in shares] == [
+        ("bridge", "HEAD", "floor-http"), ("grpc", "HEAD", "floor-grpc"),
+        ("bridge", "this", "floor-http"), ("grpc", "this", "floor-grpc")], report
     checkout = report.split("(checked out in ")[1].split(")")[0]
     assert not Path(checkout).exists(), report
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -79,9 +89,9 @@ def test_bench_placements_mode_prints_every_row_measured_or_why_not():
             assert row is not None, (workload, placement, done.stdout)
             rest = row[len(prefix):]
             if placement == "in-process" or not rest.startswith("not available: "):
-                # Measured: episodes/s ... errors (0) ... procs, and the USS column.
+                # Measured: episodes/s ... errors (0), server CPU, CPU ms per episode, procs, and the USS column.
                 fields = rest.split()
-                assert len(fields) == 10 and float(fields[0]) > 0 and fields[6] == "0", row
+                assert len(fields) == 11 and float(fields[0]) > 0 and fields[6] == "0" and float(fields[8]) > 0, row
             else:
                 assert "error" in rest and "did not start" not in rest, row  # serve's own one-line error
 

@@ -77,6 +77,8 @@ def test_the_graph_sees_the_known_edges() -> None:
 
 
 AUTHORING = "ors_grpc.authoring"
+#: A private name (one leading underscore, not a dunder).
+_PRIVATE = re.compile(r"_[A-Za-z]\w*(?<!__)")
 
 
 def _authoring_private_names() -> tuple[set[str], set[str]]:
@@ -92,12 +94,10 @@ def _authoring_private_names() -> tuple[set[str], set[str]]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _PRIVATE.fullmatch(node.value):
                 marks.add(node.value)
             elif isinstance(node, ast.ClassDef):
-                members |= {item.name for item in node.body
-                            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _PRIVATE.fullmatch(item.name)}
+                members |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and _PRIVATE.fullmatch(item.name)}
     return marks, members
 
-
-_PRIVATE = re.compile(r"_[A-Za-z]\w*(?<!__)")
 
 
 def _own_private_names(tree: ast.AST) -> set[str]:

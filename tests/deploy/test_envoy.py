@@ -1,5 +1,6 @@
-"""Envoy in front of 3 `ors-grpc serve` backends (deploy/envoy/): Maglev hashing of x-session-id on a gRPC
-and an HTTP listener, grpc.health.v1 health checks, outlier detection.
+"""Envoy in front of 3 `ors-grpc serve` backends (deploy/envoy/): session ids that name their backend
+(stateful sessions), Maglev hashing of other x-session-id values on a gRPC and an HTTP listener,
+grpc.health.v1 health checks, outlier detection. (Rolling restarts and scaling: test_rolling_restart.py.)
 
 Which backend answered is read from the results (every tool output of the test environment
 carries its backend's pid, tests/support/scaleout_env.py) and from Envoy's own access log.
@@ -8,24 +9,18 @@ carries its backend's pid, tests/support/scaleout_env.py) and from Envoy's own a
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from typing import Iterator
 
-import aiohttp
-import grpc
 import pytest
 from ors.client import AsyncORS
 
 from deploy.envoy.check import WARM_CLAIMED_GOAL, run_warm_check
 from deploy.envoy.run_topology import REPO_ROOT, EnvoyTopology, find_envoy, kubernetes_config
-from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
-from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.client import AsyncORSClient, ORSServerError
-from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
 from tests.support.lost_sessions import call_failure, open_sessions_on_every_backend
 from tests.support.scaleout_env import TASKS
 from tests.support.tooling import ensure_node_packages
@@ -36,12 +31,6 @@ pytestmark = pytest.mark.skipif(
 
 ENVIRONMENT = "whoami"
 WHOAMI = ("tests.support.scaleout_env:WhoAmI",)
-#: The rolling restart's load: closed-loop workers running episodes of 8 steps 0.25 s apart.
-LOAD_WORKERS = 12
-LONG_EPISODE_STEPS = 8
-LONG_EPISODE_PAUSE_S = 0.25
-LOAD_BEFORE_RESTART_S = 3.0
-DRAIN_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -89,21 +78,25 @@ async def test_every_session_over_either_door_is_answered_by_one_backend(topolog
     assert routes and all(len(backends) == 1 for backends in routes.values())
 
 
-async def test_both_doors_hash_a_session_to_the_same_backend(topology: EnvoyTopology) -> None:
-    # The tables of the two clusters are keyed by backend (endpoint hash_key), not by
-    # port: a session created over HTTP is found by gRPC calls routed by its id.
-    async with aiohttp.ClientSession(base_url=topology.http_url) as http, \
-            grpc.aio.insecure_channel(topology.grpc_target) as channel:
-        stub = pb_grpc.EnvironmentServiceStub(channel)
-        for _ in range(20):
-            async with http.post("/create_session") as response:
-                sid = (await response.json())["sid"]
-            async with http.post("/create", json={"env_name": ENVIRONMENT, "task_spec": TASKS[0]},
-                                 headers={"X-Session-ID": sid}) as response:
-                assert response.status == 200, await response.text()
-            routed = grpc.aio.Metadata((SESSION_ID_METADATA_KEY, sid))
-            prompt = await stub.GetPrompt(pb.GetPromptRequest(session_id=sid), metadata=routed)
-            assert prompt.blocks[0].text.text == f"What is {TASKS[0]['a']} + {TASKS[0]['b']}?"
+def issuer(sid: str) -> str:
+    """The door address a routed session id names (`ors_grpc.protocol.routed_ids`)."""
+    return base64.b64decode(sid.partition(";UV:")[0]).decode()
+
+
+async def test_a_session_id_names_the_backend_that_issued_it_and_every_call_reaches_it(
+        topology: EnvoyTopology) -> None:
+    # `serve --advertise-host`: each door hands out ids naming itself; Envoy's stateful
+    # sessions send every request of the session there, whatever its hash table says.
+    doors = {backend.http_target: backend.pid for backend in topology.backends}
+    doors.update({backend.grpc_target: backend.pid for backend in topology.backends})
+    async with AsyncORSClient(topology.grpc_target, stream_episodes=False) as client, \
+            http_environment(topology) as http_env:
+        for index in range(20):
+            env = http_env if index % 2 else client.environment(ENVIRONMENT)
+            async with env.session(split="train", index=0) as session:
+                output = await session.call_tool("add", {"a": 1, "b": 1})
+                sid = session.sid if index % 2 else session.session_id
+                assert doors[issuer(sid)] == output.metadata["pid"], (sid, issuer(sid))
 
 
 async def test_a_killed_backend_fails_its_sessions_fast_and_clearly_and_no_other(topology: EnvoyTopology) -> None:
@@ -118,11 +111,14 @@ async def test_a_killed_backend_fails_its_sessions_fast_and_clearly_and_no_other
         for session, pid in on_grpc + on_http:
             if pid == victim.pid:
                 error = await call_failure(session.call_tool("add", {"a": 1, "b": 1}))
-                # Envoy sends the call to another backend, which does not hold the session.
+                # The session's id names the dead backend: Envoy's retry of the refused
+                # connection reaches another backend, which does not hold the session
+                # (404), or, when every retry met the dead one, Envoy answers 503.
                 if isinstance(error, ORSServerError):
-                    assert error.reason == "ERROR_REASON_SESSION_NOT_FOUND", error
+                    assert error.reason == "ERROR_REASON_SESSION_NOT_FOUND" or error.code.name == "UNAVAILABLE", error
                 else:
-                    assert "404" in str(error) and "Active environment not found" in str(error), error
+                    assert ("404" in str(error) and "Active environment not found" in str(error)
+                            or "503" in str(error) and "upstream connect error" in str(error)), error
             else:
                 output = await session.call_tool("add", {"a": 2, "b": 3})
                 assert (output.blocks[0].text, output.metadata["pid"]) == ("5", pid)
@@ -151,70 +147,6 @@ def test_episodes_prepared_for_reserved_session_ids_are_claimed_through_either_d
     print(f"warm episodes behind Envoy: {sum(claimed)}/{prepared} claimed, per backend {claimed}")
     assert sum(claimed) >= WARM_CLAIMED_GOAL * prepared
     assert sum(1 for count in claimed if count) > 1  # the ids spread over the backends
-
-
-@dataclass(frozen=True)
-class LongEpisode:
-    pids: tuple[int, ...]
-    started: float  # time.monotonic(), for ordering against the drains
-    ended: float
-
-
-async def long_episode(env, index: int) -> LongEpisode:
-    """Steps a while apart, then a submit: an episode that outlives a backend's drain starting."""
-    task = TASKS[index % len(TASKS)]
-    started = time.monotonic()
-    async with env.session(split="train", index=index % len(TASKS)) as session:
-        outputs = []
-        for _ in range(LONG_EPISODE_STEPS):
-            outputs.append(await session.call_tool("add", {"a": task["a"], "b": task["b"]}))
-            await asyncio.sleep(LONG_EPISODE_PAUSE_S)
-        outputs.append(await session.call_tool("submit", {"answer": int(outputs[-1].blocks[0].text)}))
-    assert (outputs[-1].reward, outputs[-1].finished) == (1.0, True)
-    return LongEpisode(tuple(output.metadata["pid"] for output in outputs), started, time.monotonic())
-
-
-@pytest.mark.slow
-async def test_a_rolling_restart_of_every_backend_under_load_loses_no_episode() -> None:
-    # Each backend in turn: SIGTERM (a drain: NOT_SERVING, so Envoy takes it out of
-    # its table; its episodes end on their streams), then a new one on its ports.
-    episodes: list[LongEpisode] = []
-    failures: list[str] = []
-    drains: list[tuple[int, float]] = []  # (pid, when it began)
-    with EnvoyTopology(3, WHOAMI, serve_args=("--drain-timeout", str(DRAIN_TIMEOUT_S))) as topology:
-        async with AsyncORSClient(topology.grpc_target) as client:
-            env = client.environment(ENVIRONMENT)
-            stop = asyncio.Event()
-
-            async def worker(first: int) -> None:
-                index = first
-                while not stop.is_set():
-                    try:
-                        episodes.append(await long_episode(env, index))
-                    except Exception as error:  # noqa: BLE001 - a lost episode, whatever the cause
-                        failures.append(f"episode {index}: {error!r}")
-                    index += LOAD_WORKERS
-
-            load = [asyncio.create_task(worker(first)) for first in range(LOAD_WORKERS)]
-            await asyncio.sleep(LOAD_BEFORE_RESTART_S)
-            for index in range(len(topology.backends)):
-                drains.append((topology.backends[index].pid, time.monotonic()))
-                await asyncio.to_thread(topology.drain_backend, index, DRAIN_TIMEOUT_S)
-                await asyncio.to_thread(topology.replace_backend, index)
-            await asyncio.sleep(LOAD_BEFORE_RESTART_S)
-            stop.set()
-            await asyncio.gather(*load)
-        replacements = [backend.pid for backend in topology.backends]
-
-    spanning = sum(any(episode.started < began < episode.ended for _, began in drains) for episode in episodes)
-    print(f"rolling restart: {len(episodes)} episodes, {len(failures)} lost, {spanning} running when a drain began")
-    assert failures == []
-    assert all(len(set(episode.pids)) == 1 for episode in episodes)
-    for pid, began in drains:  # every drain let episodes it held run to their end on it
-        assert any(episode.pids[0] == pid and episode.started < began < episode.ended for episode in episodes), pid
-    # The replacements took the load of the backends drained after them (a worker keeps
-    # its stream while it lives, so the last replacement may not have any yet).
-    assert set(replacements[:-1]) <= {episode.pids[0] for episode in episodes}
 
 
 @pytest.mark.slow

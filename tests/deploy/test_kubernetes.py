@@ -55,6 +55,8 @@ def test_the_headless_service_lists_the_backend_pods_on_the_ports_envoy_dials() 
     service = resource("Service", run_topology.KUBERNETES_SERVICE)["spec"]
     pod = resource("Deployment", "ors-backend")["spec"]["template"]
     assert service["clusterIP"] == "None"
+    # A draining (terminating, not ready) pod stays in DNS, so in Envoy's clusters: its pinned sessions reach it.
+    assert service["publishNotReadyAddresses"] is True
     assert service["selector"].items() <= pod["metadata"]["labels"].items()
     args = pod["spec"]["containers"][0]["args"]
     ports = {port["name"]: port["port"] for port in service["ports"]}
@@ -68,6 +70,9 @@ def test_the_backend_drains_before_it_is_killed() -> None:
     grpc_port = int(option(serve["args"], "--port"))
     assert pod["terminationGracePeriodSeconds"] > float(option(serve["args"], "--drain-timeout"))
     assert serve["lifecycle"]["preStop"]["exec"]["command"] == ["ors-grpc", "drain", f"127.0.0.1:{grpc_port}", "--wait"]
+    # Its session ids name the pod (its IP, from the downward API), for Envoy's stateful sessions.
+    assert option(serve["args"], "--advertise-host") == "$(POD_IP)"
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in serve["env"]
     # Ready only while SERVING (a drain says NOT_SERVING); alive by TCP, so a drain is not a restart.
     assert serve["readinessProbe"]["grpc"]["port"] == grpc_port
     assert "grpc" not in serve["livenessProbe"]
@@ -85,7 +90,8 @@ def test_the_autoscaler_scales_the_backends_on_the_load_signal_they_export() -> 
 def loopback(args: list[str]) -> list[str]:
     """A container's `ors-grpc serve` arguments, bound to 127.0.0.1 on free ports instead."""
     rewritten = list(args)
-    for name, value in (("--host", "127.0.0.1"), ("--port", "0"), ("--http-port", "0"), ("--metrics-port", "0")):
+    for name, value in (("--host", "127.0.0.1"), ("--port", "0"), ("--http-port", "0"), ("--metrics-port", "0"),
+                        ("--advertise-host", "127.0.0.1")):
         rewritten[rewritten.index(name) + 1] = value
     return rewritten
 

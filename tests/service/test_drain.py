@@ -75,6 +75,7 @@ async def test_sigterm_refuses_new_episodes_on_every_path_serves_the_open_ones_a
             assert await health_statuses(channel) == {health_pb2.HealthCheckResponse.SERVING}
             grpc_sid = await create_episode(stub)
             http_sid = await bridge_http.create_episode(http, {"split": "train", "index": 1})
+            issued_sid = await bridge_http.new_session_id(http)  # its episode is created during the drain
 
             serve.proc.send_signal(signal.SIGTERM)
             await until_not_serving(channel)
@@ -90,12 +91,23 @@ async def test_sigterm_refuses_new_episodes_on_every_path_serves_the_open_ones_a
             stream.cancel()
             prepare = pb.PrepareEpisodesRequest(env_name="echoenv", split="train", indices=[0])
             assert error_reason(await expect_error(stub.PrepareEpisodes(prepare))) == "ERROR_REASON_DRAINING"
-            sid = await bridge_http.new_session_id(http)  # minting an id holds nothing: still answered
+            # No new session id either: the client asks again, which a proxy sends elsewhere.
+            refused = await expect_error(stub.CreateSessionId(pb.CreateSessionIdRequest()))
+            assert (refused.code(), error_reason(refused)) == (grpc.StatusCode.UNAVAILABLE, "ERROR_REASON_DRAINING")
+            async with http.post("/create_session") as response:
+                assert (response.status, response.headers["Retry-After"]) == (503, "1")
             for path, body in (("/create", {"split": "train", "index": 0}), ("/echoenv/prepare", {"split": "train", "indices": [0]})):
-                async with http.post(path, json=body, headers={"X-Session-ID": sid}) as response:
+                async with http.post(path, json=body, headers={"X-Session-ID": "never-issued"}) as response:
                     assert response.status == 503, path
                     assert response.headers["Retry-After"] == "1"
                     assert "draining" in (await response.json())["detail"]
+            # But an id this server issued before its drain is created under: behind a proxy
+            # that routes an id to the server that issued it, the client's retries could reach no other.
+            async with http.post("/create", json={"split": "train", "index": 0},
+                                 headers={"X-Session-ID": issued_sid}) as response:
+                assert response.status == 200, await response.text()
+            async with http.post("/delete", headers={"X-Session-ID": issued_sid}) as response:
+                assert response.status == 200
 
             # The open episodes go on, through both doors.
             _, result = await call_tool(stub, grpc_sid, "echo", {"text": "still here"})

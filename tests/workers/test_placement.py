@@ -69,7 +69,8 @@ def test_per_episode_with_none_idle_a_process_is_started_for_the_episode_if_star
 def test_per_episode_keeps_its_size_of_idle_and_starting_processes() -> None:
     placement = EpisodePlacement(3)
     table = ProcessTable()
-    for worker_id, state, reserved in [(1, READY, False), (2, STARTING, False), (3, STARTING, True), (4, CLAIMED, False)]:
+    rows = [(1, READY, False), (2, STARTING, False), (3, STARTING, True), (4, CLAIMED, False)]
+    for worker_id, state, reserved in rows:
         process = worker_process(worker_id, reserved=reserved)
         table.add(process)
         if state is not STARTING:

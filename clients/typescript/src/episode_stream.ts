@@ -30,19 +30,25 @@ export class EpisodeStream implements AsyncDisposable {
   private turn: Promise<unknown> = Promise.resolve();
   private broken: ORSError | undefined;
 
+  /** The route key as the server answered it (its initial metadata), once it did. */
+  private answeredKey: string | undefined;
+
   /**
    * `routeKey` is the `x-session-id` the stream opens with: a load balancer
    * keeps the whole stream, so every episode on it, on the backend that key
-   * chooses, and the episodes' own RPCs (attach, ping) send it too.
+   * chooses, and the episodes' own RPCs (attach, ping) send it too. Once the
+   * server answered, it is the key in its answer: behind Envoy with stateful
+   * sessions that names the backend the stream reached, so those RPCs reach
+   * it even after the backends changed (docs/deployment.md).
    */
   constructor(
     private readonly connection: Connection,
     private key: string = randomUUID(),
   ) {}
 
-  /** The `x-session-id` the stream is open with (a new one after a draining server refused an episode). */
+  /** The `x-session-id` of the stream's episodes' RPCs (a new one after a draining server refused an episode). */
   get routeKey(): string {
-    return this.key;
+    return this.answeredKey ?? this.key;
   }
 
   /** Why the stream broke (it then carries no more steps), if it did. */
@@ -75,6 +81,7 @@ export class EpisodeStream implements AsyncDisposable {
     this.answers = undefined;
     this.broken = undefined;
     this.key = randomUUID();
+    this.answeredKey = undefined;
   }
 
   /** Sends one step and resolves to its answer; a failed step rejects with its ORSError. */
@@ -130,8 +137,16 @@ export class EpisodeStream implements AsyncDisposable {
    * opened to be read at once, so its failure is always someone's rejection.
    */
   private openedAnswers(): AsyncIterator<RunEpisodeResponse> {
-    const options = this.connection.routed(this.routeKey, this.cancel.signal);
-    return (this.answers ??= this.connection.service.runEpisode(this.requests, options)[Symbol.asyncIterator]());
+    if (this.answers === undefined) {
+      const options = {
+        ...this.connection.routed(this.key, this.cancel.signal),
+        onHeader: (headers: Headers) => {
+          this.answeredKey = headers.get("x-session-id") ?? undefined;
+        },
+      };
+      this.answers = this.connection.service.runEpisode(this.requests, options)[Symbol.asyncIterator]();
+    }
+    return this.answers;
   }
 }
 
