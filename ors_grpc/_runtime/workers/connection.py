@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc._runtime.workers.hop import Framing, answered, local_error
+from ors_grpc._runtime.workers.hop import Framing, answer_value, local_error
 from ors_grpc._runtime.workers.startup import WorkerStartupError
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import (
@@ -153,7 +153,7 @@ class WorkerConnection:
             answer.set_exception(local_error(value))
             return
         try:
-            answer.set_result(answered(ok, value))
+            answer.set_result(answer_value(ok, value))
         except Exception as exc:  # (never: the worker sends only outputs that validate)
             answer.set_exception(exc)
 

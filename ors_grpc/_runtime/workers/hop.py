@@ -23,8 +23,8 @@ Messages:
   `tracing.current_carrier`), so that tracing off costs the hop nothing;
 - worker -> server: `(call_id, ok, value)`: the result, or the exception the
   environment raised (`portable_error` when it cannot be pickled); a tool's
-  output, the answer of most calls, crosses as plain data (`answer`: ok is
-  `TOOL_OUTPUT`): pydantic's own serializer and validator, in Rust, turn it
+  output, the answer of most calls, crosses as plain data (`answer_frame`:
+  ok is `TOOL_OUTPUT`): pydantic's own serializer and validator, in Rust, turn it
   into and out of dicts for a fraction of what pickling its four models
   costs (pickle calls each model's `__reduce_ex__` and `__setstate__` in
   Python; that was over a quarter of a worker's CPU and a sixth of the
@@ -59,7 +59,7 @@ from ors_grpc.authoring.types import RunToolError, RunToolOutput, RunToolSuccess
 
 __all__ = [
     "TOOL_OUTPUT", "Exited", "Fork", "Forked", "Framing", "Heartbeat", "Heartbeats", "Hello", "Ready", "Setup",
-    "answer", "answered", "portable_error", "read_frame", "recv_frame", "send_frame", "write_frame",
+    "answer_frame", "answer_value", "portable_error", "read_frame", "recv_frame", "send_frame", "write_frame",
 ]
 
 _HEADER = struct.Struct(">I")
@@ -187,7 +187,9 @@ class Framing(asyncio.Protocol):
         self._on_lost = on_lost
         self._loop = asyncio.get_running_loop()
         self._transport: Optional[asyncio.Transport] = None
+        #: The start of a frame still coming, and how long that frame is (header included, once known).
         self._received = bytearray()
+        self._wanted = 0
         #: Frames sent this turn of the loop, written together at its end.
         self._outgoing: list[bytes] = []
 
@@ -224,9 +226,12 @@ class Framing(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         received = self._received
-        if received:
+        if received:  # the start of a frame came before
             received += data
+            if len(received) < self._wanted:  # (a large frame arrives in many reads: copied once)
+                return
             data = bytes(received)
+            received.clear()
         view, start, end = memoryview(data), 0, len(data)
         while end - start >= _HEADER.size:
             (size,) = _HEADER.unpack_from(data, start)
@@ -238,19 +243,21 @@ class Framing(asyncio.Protocol):
             message = pickle.loads(view[start + _HEADER.size:stop])
             start = stop
             self._on_message(message)
-        received[:] = data[start:] if start < end else b""
+        if start < end:
+            received += view[start:]
+            self._wanted = _HEADER.size + (_HEADER.unpack_from(data, start)[0] if end - start >= _HEADER.size else 0)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._outgoing.clear()
         self._on_lost()
 
 
-#: An answer's `ok` when its value is a tool's output as plain data (`answer`).
+#: An answer's `ok` when its value is a tool's output as plain data (`answer_frame`).
 TOOL_OUTPUT = 2
 _TYPES_MODULE = RunToolOutput.__module__
 
 
-def answer(call_id: int, value: Any) -> tuple[int, Any, Any]:
+def answer_frame(call_id: int, value: Any) -> tuple[int, Any, Any]:
     """The frame answering call `call_id` with `value`. A tool's output made of our own types (no
     subclass, blocks in a list) goes as plain data, which validates back into an equal output: its
     dump is refused if any field holds what its type does not allow (a field assigned after
@@ -268,7 +275,7 @@ def answer(call_id: int, value: Any) -> tuple[int, Any, Any]:
     return call_id, True, value
 
 
-def answered(ok: Any, value: Any) -> Any:
+def answer_value(ok: Any, value: Any) -> Any:
     """The value of a successful answer (`ok` true, or `TOOL_OUTPUT`) as the worker had it."""
     return RunToolOutput.model_validate(value) if ok == TOOL_OUTPUT else value
 

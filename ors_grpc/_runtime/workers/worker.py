@@ -32,7 +32,8 @@ from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
-    Framing, Heartbeat, Heartbeats, Hello, Ready, Setup, answer, portable_error, read_frame, send_frame, write_frame,
+    Framing, Heartbeat, Heartbeats, Hello, Ready, Setup, answer_frame, portable_error, read_frame, send_frame,
+    write_frame,
 )
 from ors_grpc.observability import tracing
 
@@ -166,7 +167,7 @@ async def _answer(hop: Framing, episodes: _Episodes, call_id: int, op: str, args
         return
     if call_id:
         try:
-            hop.send(answer(call_id, value))
+            hop.send(answer_frame(call_id, value))
         except Exception as exc:  # a result that cannot be pickled
             if op == "setup":  # its prompt: the server asks for it again, and that call fails
                 hop.send((call_id, True, None))
