@@ -6,7 +6,7 @@ import random
 import struct
 
 from ors_grpc import ImageBlock, TextBlock, ToolOutput
-from ors_grpc._runtime.workers.hop import TOOL_OUTPUT, Framing, answer, answered
+from ors_grpc._runtime.workers.hop import TOOL_OUTPUT, Framing, answer_frame, answer_value
 from ors_grpc.authoring.environment import tool_result
 from ors_grpc.authoring.types import RunToolError, RunToolOutput
 
