@@ -63,6 +63,14 @@ class HopListener:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            await self._handshake(reader, writer)
+        except asyncio.CancelledError:
+            # The server stops with a handshake under way: asyncio's stream callback would log the
+            # cancelled task as an error (with whatever was being handled, e.g. another worker's failed start).
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
             hello: Hello | Heartbeats = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
             if isinstance(hello, Heartbeats):
                 return await self._hear_heartbeats(hello, reader, writer)
