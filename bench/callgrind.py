@@ -12,8 +12,9 @@ threads (grpc's poller and executors, whose share varies from run to run with
 timing, and the loop monitor, which wakes per second of wall time, about
 thirty times as many seconds here).
 
-Both trees take the same path: the environment's sync code is pinned to the
-loop (a thread hop depends on timing), and the HTTP bridge's quick-result
+Both trees take the same path: the environment's code runs in the server
+(`--in-process`, where a tree has it: older trees serve it there by default),
+its sync code pinned to the loop (a thread hop depends on timing), and the HTTP bridge's quick-result
 window is widened to 5 s (every `/call` answers in one response, however
 slow the server is under valgrind). ``--door floor-http`` / ``floor-grpc`` /
 ``floor-grpc-unary`` count the floors' bare servers (``bench/floors.py``)
@@ -39,7 +40,12 @@ try:
     http_bridge.app.QUICK_RESULT_S = 5.0
 except (ImportError, AttributeError):
     pass
-from ors_grpc.cli import main
+from ors_grpc.cli import _parser, main
+try:  # environments' code in the server, where callgrind counts it (older trees serve it there by default)
+    _parser().parse_args(["serve", "--in-process"])
+    sys.argv.append("--in-process")
+except SystemExit:
+    pass
 sys.exit(main())
 """
 _TOTAL = re.compile(r"^(?:summary|totals): (\d+)", re.MULTILINE)

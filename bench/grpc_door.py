@@ -11,6 +11,7 @@ import grpc
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._generated.ors.v1 import types_pb2
+from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
 
 ENV = "benchenv"
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -38,7 +39,7 @@ class GrpcDoor:
         return (await self.stub.CreateSessionId(pb.CreateSessionIdRequest())).session_id
 
     async def open_episode(self, sid: str, target: int) -> None:
-        metadata = (("x-session-id", sid),)
+        metadata = ((SESSION_ID_METADATA_KEY, sid),)
         spec = types_pb2.JsonValue(json=json.dumps({"target": target}))
         await self.stub.CreateEpisode(
             pb.CreateEpisodeRequest(session_id=sid, env_name=ENV, task_spec=spec), metadata=metadata)
@@ -49,7 +50,7 @@ class GrpcDoor:
         call = types_pb2.ToolCall(name=name, input=types_pb2.JsonValue(json=json.dumps(tool_input)))
         result = None
         stream = self.stub.CallTool(pb.CallToolRequest(session_id=sid, call=call),
-                                    metadata=(("x-session-id", sid),))
+                                    metadata=((SESSION_ID_METADATA_KEY, sid),))
         async for event in stream:
             kind = event.WhichOneof("event")
             if kind == "result":
@@ -70,7 +71,7 @@ class GrpcDoor:
         return len(output.blocks[0].image.data)
 
     async def close_episode(self, sid: str) -> None:
-        metadata = (("x-session-id", sid),)
+        metadata = ((SESSION_ID_METADATA_KEY, sid),)
         await self.stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid), metadata=metadata)
         await self.stub.DeleteSessionId(pb.DeleteSessionIdRequest(session_id=sid), metadata=metadata)
 

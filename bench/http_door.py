@@ -10,6 +10,8 @@ import uuid
 
 import aiohttp
 
+from ors_grpc.protocol.constants import SESSION_ID_HEADER
+
 ENV = "benchenv"
 SSE_ACCEPT = {"Accept": "text/event-stream"}
 
@@ -71,7 +73,7 @@ class HttpDoor(PooledHttp):
     async def _post(self, path: str, sid: str | None, body: dict | None = None, accept_sse: bool = False) -> bytes:
         headers = dict(SSE_ACCEPT) if accept_sse else {}
         if sid is not None:
-            headers["X-Session-ID"] = sid
+            headers[SESSION_ID_HEADER] = sid
         async with self.http.post(path, json=body, headers=headers) as resp:
             payload = await resp.read()
             if resp.status != 200:
@@ -79,7 +81,7 @@ class HttpDoor(PooledHttp):
             return payload
 
     async def _get(self, path: str, sid: str) -> bytes:
-        async with self.http.get(path, headers={"X-Session-ID": sid}) as resp:
+        async with self.http.get(path, headers={SESSION_ID_HEADER: sid}) as resp:
             payload = await resp.read()
             if resp.status != 200:
                 raise RuntimeError(f"GET {path}: {resp.status} {payload[:200]!r}")

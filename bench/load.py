@@ -23,15 +23,20 @@ from typing import Any
 from bench.stats import latency_summary
 
 
-#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP, and the floors
-#: (bench/floors.py: bare aiohttp and grpc.aio carrying the same requests without application code).
-DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp", "floor-http", "floor-grpc", "floor-grpc-unary")
+#: Door kinds: raw HTTP/SSE, our Python gRPC client, the bare generated stubs, raw MCP, the floors
+#: (bench/floors.py: bare aiohttp and grpc.aio carrying the same requests without application code),
+#: and other ecosystems' environments (bench/ecosystem_doors.py).
+DOOR_KINDS = ("http", "grpc", "grpc-raw", "mcp", "floor-http", "floor-grpc", "floor-grpc-unary",
+              "rg-http", "rg-grpc", "openenv-direct", "openenv-grpc")
 
 
 def make_door(kind: str, target: str):
     if kind.startswith("floor-"):
         from bench.floors import make_floor_door
         return make_floor_door(kind, target)
+    if kind.startswith(("rg-", "openenv-")):
+        from bench.ecosystem_doors import DOORS
+        return DOORS[kind](target)
     if kind == "http":
         from bench.http_door import HttpDoor
         return HttpDoor(target)

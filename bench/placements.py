@@ -1,7 +1,7 @@
 """``python -m bench --placements``: where environments' code runs, compared in one run.
 
-Rows are ``ors-grpc serve`` arguments: in-process (none),
-``--workers 1``, ``--workers 2`` and ``--isolation episode``, each on three
+Rows are ``ors-grpc serve`` arguments: ``--in-process``,
+``--workers 1``, ``--workers 2`` (the default, ``auto``, on two CPUs) and ``--isolation episode``, each on three
 workloads: the trivial ``bench.env:BenchEnv``, and ``bench.cpu_env``'s
 ``step`` spending 2 ms of pure-Python CPU as a sync tool and as an
 ``async def`` tool. Every row gets a fresh server and the same closed loop
@@ -32,7 +32,7 @@ from bench.stats import fmt_ms
 
 #: (row label, serve arguments).
 PLACEMENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("in-process", ()),
+    ("in-process", ("--in-process",)),
     ("--workers 1", ("--workers", "1")),
     ("--workers 2", ("--workers", "2")),
     ("--isolation episode", ("--isolation", "episode")),

@@ -212,6 +212,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--placement-rows", default=None,
                         help="rows of --placements, comma-separated serve arguments as labelled"
                              " (default all: in-process,--workers 1,--workers 2,--isolation episode)")
+    parser.add_argument("--ecosystems", action="store_true",
+                        help="instead: reasoning-gym's episodes/s through the HTTP and gRPC doors, and the cost of"
+                             " fronting an OpenEnv server against calling it directly (bench/ecosystems.py)")
     parser.add_argument("--setup-seconds", type=float, default=None, metavar="S",
                         help="instead: a trainer's batch loop over episodes whose setup takes S seconds,"
                              " with and without preparing the next batch (warm episodes; bench/warm.py)")
@@ -258,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.placements:
         from bench.placements import run
+        return run(args)
+    if args.ecosystems:
+        from bench.ecosystems import run
         return run(args)
     results = measure_doors(args)
     print_load_table(results, args)

@@ -33,6 +33,7 @@ from ors_grpc.authoring.types import check_task_source
 from ors_grpc.protocol import door, json_text
 from ors_grpc.protocol.constants import MAX_JSON_DEPTH
 from ors_grpc.protocol.enums import EPISODE_END, MESSAGE_ROLE, RUN_TOOL_ERROR_REASON, SPLIT_TYPE
+from ors_grpc.protocol.validation import describe_validation_error
 
 __all__ = [
     "BadRequest",
@@ -326,15 +327,7 @@ def parse_body(raw: bytes, model: type[Body]) -> Any:
     try:
         return model.model_validate(value)
     except pydantic.ValidationError as exc:
-        raise BadRequest(_describe(exc)) from None
-
-
-def _describe(exc: pydantic.ValidationError) -> str:
-    """One line naming the first wrong field, e.g. `index: Input should be ...`."""
-    error = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
+        raise BadRequest(describe_validation_error(exc, quote_input=False)) from None
 
 
 def _json_type(value: Any) -> str:

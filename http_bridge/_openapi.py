@@ -22,6 +22,7 @@ from typing import Any, Optional
 from aiohttp import web
 
 from ors_grpc._version import __version__
+from ors_grpc.protocol.constants import API_KEY_HEADER, SESSION_ID_HEADER
 
 from . import _convert as convert
 
@@ -37,6 +38,10 @@ CALL_EVENTS = """\
 2. zero or more `chunk`, then one `end`: the compact JSON of a `RunToolOutput`, cut into
    pieces of 4096 characters; concatenate the data of every `chunk` and the `end` in order.
 3. or, instead of 2, one `error`: a message (the tool raised; or `unknown task_id` on a reattach).
+   An `error` that stands for a status (the environment's process died under the call:
+   `ERROR_REASON_ENVIRONMENT_CRASHED`, the HTTP 410 it would have been) carries the reason in
+   a `reason:` line, which SSE parsers that do not know it skip; before the first byte the
+   answer is that status itself.
 
 An unknown tool name or input that fails the tool's schema is not an `error`: it is an `end`
 with `{"ok": false, "error": "..."}`. A stream that ends without `end` or `error` (the backend
@@ -402,12 +407,12 @@ OPERATIONS: tuple[Operation, ...] = (
                           "in the background; a later `/create` of the same task, secrets and API key claims "
                           "one at once. Unclaimed ones are torn down after `--warm-ttl` seconds; one whose "
                           "setup has not ended `--warm-setup-timeout` seconds after its prepare is cancelled. With "
-                          "`session_ids` (one per entry), or an `X-Session-ID` header (one entry), each is "
+                          f"`session_ids` (one per entry), or an `{SESSION_ID_HEADER}` header (one entry), each is "
                           "reserved for the `/create` under that session id; behind a load balancer hashing "
-                          "`X-Session-ID`, send one request per id with the header. 503 while the server "
+                          f"`{SESSION_ID_HEADER}`, send one request per id with the header. 503 while the server "
                           "drains.",
               extra={"parameters": [{
-                  "name": "X-Session-ID", "in": "header", "required": False, "schema": {"type": "string"},
+                  "name": SESSION_ID_HEADER, "in": "header", "required": False, "schema": {"type": "string"},
                   "description": "Reserve the one episode of this request for the `/create` under this id.",
               }]}),
     Operation("post", "/{env}/cancel_prepared", "cancel_prepared_episodes",
@@ -590,7 +595,7 @@ def openapi_document() -> dict[str, Any]:
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
         "tags": [
-            {"name": "discovery", "description": "No session needed (an `X-Session-ID` header is tolerated)."},
+            {"name": "discovery", "description": f"No session needed (an `{SESSION_ID_HEADER}` header is tolerated)."},
             {"name": "sessions", "description": "Session ids and episodes."},
             {"name": "episode", "description": "Calls within an episode; they wait for setup."},
             {"name": "extensions", "description": "Not in ORS: additions of this server."},
@@ -606,12 +611,12 @@ def openapi_document() -> dict[str, Any]:
                     "description": "An environment name (case-insensitive). Session-scoped routes accept any.",
                 },
                 "SessionId": {
-                    "name": "X-Session-ID", "in": "header", "required": True, "schema": {"type": "string"},
+                    "name": SESSION_ID_HEADER, "in": "header", "required": True, "schema": {"type": "string"},
                     "description": "The session (from `/create_session`, or any string of the client's).",
                 },
             },
             "securitySchemes": {
-                "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key",
+                "ApiKey": {"type": "apiKey", "in": "header", "name": API_KEY_HEADER,
                            "description": "Only when the server was started with an API key."},
                 "Bearer": {"type": "http", "scheme": "bearer",
                            "description": "The same key as `Authorization: Bearer <key>`."},

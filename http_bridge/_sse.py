@@ -16,7 +16,10 @@ from typing import Any, Iterable
 
 from aiohttp import web
 
-__all__ = ["CHUNK_CHARS", "Event", "SSEWriter", "chunk_events", "done_within", "sse_response", "wants_event_stream"]
+__all__ = [
+    "CHUNK_CHARS", "Event", "SSEWriter", "chunk_events", "done_within", "error_event", "sse_response",
+    "wants_event_stream",
+]
 
 #: Characters per `chunk`/`end` event, as in the reference server.
 CHUNK_CHARS = 4096
@@ -30,8 +33,9 @@ SSE_HEADERS = {
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
-#: One SSE event: its name and its data.
-Event = tuple[str, str]
+#: One SSE event: its name and its data; an `error` event may carry a third
+#: item, the ORS reason of the status it stands for (`error_event`).
+Event = tuple[str, ...]
 
 
 def _wake(waiter: asyncio.Future[None], _: Any = None) -> None:
@@ -57,17 +61,26 @@ async def done_within(future: asyncio.Future[Any], seconds: float) -> None:
         future.remove_done_callback(wake)
 
 
-def _frame(name: str, data: str) -> str:
+def _frame(name: str, data: str, reason: str = "") -> str:
     """One SSE event. A line break inside data (SSE knows three) must become
-    a new `data:` line; clients join the lines back with "\n"."""
+    a new `data:` line; clients join the lines back with "\n". A `reason`
+    is a field line of its own, which SSE parsers that do not know it skip."""
+    head = f"event: {name}\nreason: {reason}\n" if reason else f"event: {name}\n"
     if "\n" not in data and "\r" not in data:  # the common case, and much faster
-        return f"event: {name}\ndata: {data}\n\n"
+        return f"{head}data: {data}\n\n"
     lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
-    return f"event: {name}\n{lines}\n"
+    return f"{head}{lines}\n"
 
 
 def _frames(events: Iterable[Event]) -> bytes:
-    return "".join(_frame(name, data) for name, data in events).encode()
+    return "".join(_frame(*event) for event in events).encode()
+
+
+def error_event(message: str, reason: str | None) -> Event:
+    """An `error` event: `message` as its data, and the ORS reason of the
+    status it stands for (`ERROR_REASON_ENVIRONMENT_CRASHED`), if any, in a
+    `reason:` field."""
+    return ("error", message, reason) if reason else ("error", message)
 
 
 def chunk_events(payload: str) -> list[Event]:

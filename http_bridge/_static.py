@@ -1,7 +1,8 @@
 """The bridge's own pages: the playground at `/` and Swagger UI at `/docs`, every file served from here.
 
 The playground (`http_bridge/playground/`: plain HTML, CSS and JavaScript
-modules) plays episodes through the standard ORS routes and polls
+modules, and `constants.js`, the header names of `ors_grpc.protocol.constants`
+written out for them) plays episodes through the standard ORS routes and polls
 `/server_stats`; `/docs` is Swagger UI from the `swagger-ui-bundle-v2`
 wheel (its `swagger_ui_bundle` package) on `/openapi.json`. Nothing is
 loaded from another host, so both work offline, and every answer carries a
@@ -16,13 +17,16 @@ page keeps in memory).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from aiohttp import web
 from swagger_ui_bundle import swagger_ui_path
 
-__all__ = ["CONTENT_SECURITY_POLICY", "PLAYGROUND_FILES", "routes"]
+from ors_grpc.protocol.constants import API_KEY_HEADER, SESSION_ID_HEADER
+
+__all__ = ["CONSTANTS_MODULE", "CONTENT_SECURITY_POLICY", "PLAYGROUND_FILES", "routes"]
 
 PLAYGROUND_DIR = Path(__file__).with_name("playground")
 API_DOCS_DIR = Path(__file__).with_name("api_docs")
@@ -53,6 +57,12 @@ PLAYGROUND_FILES = {
     path.name: path for path in sorted(PLAYGROUND_DIR.iterdir())
     if re.fullmatch(r"[a-z_]+\.(js|css)", path.name)
 }
+#: The module the playground's scripts import the protocol's header names from (one spelling).
+CONSTANTS_MODULE = "constants.js"
+_CONSTANTS_JS = "".join(
+    f"export const {name} = {json.dumps(value)};\n"
+    for name, value in (("API_KEY_HEADER", API_KEY_HEADER), ("SESSION_ID_HEADER", SESSION_ID_HEADER))
+)
 #: What `/docs/{name}` serves: Swagger UI's two files and our initializer.
 DOCS_FILES = {
     "swagger-ui.css": SWAGGER_UI_DIR / "swagger-ui.css",
@@ -77,7 +87,9 @@ async def playground_page(request: web.Request) -> web.FileResponse:
     return _file(PLAYGROUND_DIR / "index.html")
 
 
-async def playground_file(request: web.Request) -> web.FileResponse:
+async def playground_file(request: web.Request) -> web.StreamResponse:
+    if request.match_info["name"] == CONSTANTS_MODULE:
+        return web.Response(text=_CONSTANTS_JS, content_type="text/javascript", charset="utf-8", headers=_HEADERS)
     return _one_of(PLAYGROUND_FILES, request.match_info["name"])
 
 

@@ -15,6 +15,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from ors_grpc.observability import tracing
+from ors_grpc.protocol.constants import SESSION_ID_HEADER
 
 from ._metrics import KNOWN_METHODS, FinalStatus, route_pattern
 
@@ -42,7 +43,7 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
     attributes = {"http.request.method": method, "url.path": request.path, "url.scheme": request.scheme}
     if route is not None:
         attributes["http.route"] = route
-    session_id = request.headers.get("X-Session-ID")
+    session_id = request.headers.get(SESSION_ID_HEADER)
     if session_id:
         attributes[tracing.SESSION_ID_ATTRIBUTE] = session_id
     with tracing.tracer.start_as_current_span(

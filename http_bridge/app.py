@@ -23,8 +23,8 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.browser_policy import BrowserPolicy
-from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES
-from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for
+from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES, SESSION_ID_HEADER
+from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for, unknown_environment
 from ors_grpc.protocol.routed_ids import door_address, routed_id, session_key
 
 from . import _convert as convert
@@ -32,7 +32,7 @@ from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry
 from ._browsers import browser_checks, install_cors
 from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
 from ._metrics import record_metrics
-from ._sse import Event, SSEWriter, chunk_events, done_within, sse_response, wants_event_stream
+from ._sse import Event, SSEWriter, chunk_events, done_within, error_event, sse_response, wants_event_stream
 from . import _openapi, _static, _tracing
 
 __all__ = ["DEFAULT_MAX_BYTES", "HttpLimits", "create_app", "start_bridge"]
@@ -105,9 +105,9 @@ def _stub(request: web.Request) -> EnvironmentServiceStub:
 
 
 def _session_id(request: web.Request) -> str:
-    session_id = request.headers.get("X-Session-ID")
+    session_id = request.headers.get(SESSION_ID_HEADER)
     if not session_id:
-        raise convert.BadRequest("X-Session-ID header is required", status=400)
+        raise convert.BadRequest(f"{SESSION_ID_HEADER} header is required", status=400)
     return session_id.strip()
 
 
@@ -133,6 +133,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         # Request text protobuf refused (a route's input not checked by
         # _convert or guard_request): the client's, so 400, and unquoted.
         return _error("Request text is not valid UTF-8 (undecodable bytes or a lone surrogate)", 400)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(_body_too_large(request.content_length, request.app[CONFIG].max_body_bytes), 413)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -145,6 +147,12 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return _error("Internal Server Error", 500)
+
+
+def _body_too_large(size_bytes: int | None, limit_bytes: int) -> str:
+    """The 413's text: the limit, as the gRPC door's MESSAGE_TOO_LARGE says it (`message_too_large`)."""
+    size = f"is {size_bytes} bytes, " if size_bytes is not None else "is "
+    return f"Request Entity Too Large: the request body {size}over the server's body limit of {limit_bytes} bytes"
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
@@ -192,8 +200,7 @@ async def default_env_redirect(request: web.Request, handler: Handler) -> web.St
                     location += f"?{request.query_string}"
                 raise web.HTTPPermanentRedirect(location)
             if len(segments) > 1:
-                hosted = ", ".join(names)
-                return _error(f"unknown environment {segments[0]!r}; this server hosts: {hosted}", 404)
+                return _error(unknown_environment(segments[0], names), 404)
     return await handler(request)
 
 
@@ -385,8 +392,10 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
 
     The HTTP status is sent only once the backend has sent the task id, so
     that errors before it (unknown session, setup failed, session deleted,
-    score_group unsupported) are real HTTP statuses; after it, failures are
-    SSE `error` events.
+    score_group unsupported) are real HTTP statuses; so is a status the
+    backend ends the call with (ENVIRONMENT_CRASHED: its process died under
+    it) while no byte has gone out yet. After the first byte, failures are
+    SSE `error` events, a status's carrying its reason.
     """
     outcome: Optional[asyncio.Future] = None
     try:
@@ -402,6 +411,8 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
         outcome = asyncio.ensure_future(stream.read())
         await done_within(outcome, QUICK_RESULT_S)
         if outcome.done():
+            if not outcome.cancelled() and _answered_status(outcome.exception()):
+                raise outcome.exception()  # nothing sent yet: a real HTTP status
             return sse_response([("task_id", first.task_id), *_outcome_events(outcome, result_json)])
         return await _stream_call(request, first.task_id, outcome, result_json)
     finally:
@@ -437,7 +448,7 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
             # The backend went away mid-call: end the stream without `end`,
             # so the client reconnects with the task id instead of giving up.
             return []
-        return [("error", bounded_text(exc.details() or exc.code().name))]
+        return [error_event(bounded_text(exc.details() or exc.code().name), error_reason(exc))]
     if message is grpc.aio.EOF:
         return []
     event = message.WhichOneof("event")
@@ -446,6 +457,12 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
     if event == "failure":
         return [("error", bounded_text(message.failure.message))]
     return []
+
+
+def _answered_status(error: BaseException | None) -> bool:
+    """Whether a task stream ended with the backend's own answer (a status
+    with an ORS reason), not a broken connection."""
+    return isinstance(error, grpc.aio.AioRpcError) and error_reason(error) is not None
 
 
 # --------------------------------------------------------------------------
@@ -464,7 +481,7 @@ async def prepare_episodes(request: web.Request) -> web.Response:
     """Warm episodes: set up episodes of the given tasks ahead, for `/create` to claim."""
     body = await _body(request, convert.PrepareBody)
     header_secrets = convert.secrets_from_header(request.headers.get("X-Secrets"))
-    session_id = request.headers.get("X-Session-ID")
+    session_id = request.headers.get(SESSION_ID_HEADER)
     rpc_request = convert.prepare_episodes_request(request.match_info["env"], body, header_secrets, session_id)
     response = await _stub(request).PrepareEpisodes(rpc_request, metadata=call_metadata(request, session_id))
     return _json({"preparing": response.preparing, "ttl_seconds": response.ttl_seconds})

@@ -39,10 +39,12 @@ from ors_grpc.protocol.browser_policy import (
     is_preflight,
 )
 from ors_grpc.protocol.constants import (
+    API_KEY_HEADER,
     DEFAULT_KEEPALIVE_INTERVAL_S,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
 )
+from ors_grpc.protocol.errors import unknown_environment
 
 from ._answers import JSON_WHEN_CHOSEN, serve_choosing_answers
 from ._server import build_server
@@ -93,11 +95,11 @@ class _Gate:
             names = await self._env_names.get(metadata)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                return await _refuse(send, 401, "a valid API key is required (x-api-key or Authorization: Bearer)")
+                return await _refuse(send, 401, f"a valid API key is required ({API_KEY_HEADER} or Authorization: Bearer)")
             return await _refuse(send, 503, "ORS backend unavailable, retry shortly")
         env = scope["path_params"]["env"]
         if env.lower() not in names:
-            return await _refuse(send, 404, f"unknown environment {env!r}; this server hosts: {', '.join(names)}")
+            return await _refuse(send, 404, unknown_environment(env, names))
         await serve_choosing_answers(self._manager.handle_request, scope, receive, send, self._keepalive_s)
 
 

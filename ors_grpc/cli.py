@@ -1,10 +1,11 @@
 """The `ors-grpc` command: `serve` environments over gRPC (and HTTP), or run only the `bridge`.
 
-    ors-grpc serve [MODULE:CLASS ...] [--host H] [--port P] [--http-port P] ...
+    ors-grpc serve [MODULE:CLASS | PATH.py:CLASS ...] [--host H] [--port P] [--http-port P] ...
     ors-grpc bridge --backend HOST:PORT [--host H] [--http-port P]
     ors-grpc drain HOST:PORT [--wait]
 
-Both take `--metrics-port P` to serve Prometheus metrics at /metrics.
+Both take `--metrics-port P` to serve Prometheus metrics at /metrics; `--help` lists every option by group
+(`ors_grpc.loading` finds the environments).
 
 Once every door accepts connections, each prints `gRPC listening on HOST:PORT` /
 `HTTP listening on HOST:PORT` / `metrics listening on HOST:PORT` (port 0 picks a free port), then one line names
@@ -19,11 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import math
 import os
 import sys
+import textwrap
 from typing import Any, Callable, NoReturn, Sequence
 
 # gRPC's fork handlers (on by default in the C core) cannot serve a grpc.aio
@@ -32,13 +33,16 @@ from typing import Any, Callable, NoReturn, Sequence
 # them on, every fork of an environment logs "skipping fork() handlers".
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from ors_grpc import serving  # noqa: E402  (after the fork-support setting)
+from ors_grpc import __version__, serving  # noqa: E402  (after the fork-support setting)
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
+from ors_grpc._runtime.workers.connection import KILL_GRACE_S  # noqa: E402
 from ors_grpc._runtime.workers.placement import worker_count  # noqa: E402
 from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S  # noqa: E402
-from ors_grpc.authoring.environment import Environment  # noqa: E402
+from ors_grpc.loading import environment_sources, load_environments, load_toolset  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
+    API_KEY_HEADER,
+    API_KEY_METADATA_KEY,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_SESSION_TIMEOUT_S,
@@ -57,47 +61,6 @@ DEFAULT_LOG_LEVEL = "INFO"
 DEFAULT_BRIDGE_HTTP_PORT = 8080
 
 logger = logging.getLogger("ors_grpc.cli")
-
-
-def load_environment(spec: str) -> type:
-    """Import the Environment class `module.path:ClassName` (see `_import_class`)."""
-    found = _import_class(spec, "environment")
-    if not (isinstance(found, type) and issubclass(found, Environment)):
-        hint = ""
-        if isinstance(found, type) and any(base.__module__.split(".")[0] == "ors" for base in found.__mro__):
-            hint = " (it subclasses the reference SDK's: import Environment from ors_grpc instead of ors)"
-        raise StartupError(f"{spec} is not a subclass of ors_grpc.Environment{hint}")
-    return found
-
-
-def load_toolset(spec: str) -> type:
-    """Import the toolset class `module.path:ClassName` (see `_import_class`)."""
-    found = _import_class(spec, "toolset")
-    if not isinstance(found, type):
-        raise StartupError(f"toolset {spec} is not a class")
-    return found
-
-
-def _import_class(spec: str, what: str) -> object:
-    """Import `module.path:ClassName` (the current directory is importable).
-
-    An exception raised while the module itself runs propagates, with the
-    traceback into the user's own code."""
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise StartupError(f"{what} must look like module.path:ClassName, got {spec!r}")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise  # the user's module imports something missing: show where
-        raise StartupError(f"cannot import {module_name!r}: {exc}") from None
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise StartupError(f"module {module_name!r} has no attribute {class_name!r}") from None
 
 
 def _port(text: str) -> int:
@@ -160,6 +123,24 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             return action.help
         return super()._get_help_string(action)
 
+    # Lines break at spaces only: never inside `--tool-timeout` or `in-process`.
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+    # A description or epilog: each line filled on its own, keeping its indentation.
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            inner = indent + line[:len(line) - len(line.lstrip())]
+            lines += textwrap.wrap(line.strip(), width, initial_indent=inner, subsequent_indent=inner,
+                                   break_on_hyphens=False, break_long_words=False) or [""]
+        return "\n".join(lines)
+
+
+#: What the option groups of `serve --help` say about the modes environments' code runs in.
+_MODES = ("--workers N (the default, auto: one per CPU): N supervised worker processes run it, an episode in "
+          "one; --isolation episode: a process per episode; --in-process: the server process runs it")
+
 
 def _parser() -> argparse.ArgumentParser:
     formatter = _HelpFormatter
@@ -169,6 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     log_level = {"type": str.upper, "choices": LOG_LEVELS, "metavar": "LEVEL"}
     levels = ", ".join(LOG_LEVELS)
     parser.add_argument("--log-level", default=DEFAULT_LOG_LEVEL, help=f"logging level on stderr: {levels}", **log_level)
+    parser.add_argument("--version", action="version", version=f"ors-grpc {__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bridge,drain}")
     # Subcommand options too (`ors-grpc serve --log-level DEBUG`); SUPPRESS
     # keeps the main parser's value when it is not given here.
@@ -176,71 +159,13 @@ def _parser() -> argparse.ArgumentParser:
         "default": argparse.SUPPRESS, "help": f"logging level on stderr: {levels} (default: {DEFAULT_LOG_LEVEL})",
         **log_level,
     }
-
-    serve = commands.add_parser(
+    _serve_parser(commands.add_parser(
         "serve", help="serve environments over gRPC (and HTTP with --http-port)", formatter_class=formatter,
-        description="Serve environments over gRPC, and the ORS HTTP/SSE API with --http-port.",
-    )
-    serve.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
-                       help="module.path:ClassName of an environment to serve; the first is the default one "
-                       f"(default: {DEFAULT_ENVIRONMENT})")
-    serve.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
-    serve.add_argument("--port", "--grpc-port", dest="port", type=_port, default=50051, metavar="PORT",
-                       help="gRPC port (0: any free port)")
-    serve.add_argument("--http-port", type=_port, metavar="PORT", default=None,
-                       help="also serve the ORS HTTP/SSE API on this port (0: any free port)")
-    serve.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                       help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
-    serve.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
-    serve.add_argument("--api-key", default=None, help="require this x-api-key on every call but health")
-    serve.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
-                       metavar="SECONDS", help="seconds before an idle session is reaped")
-    serve.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
-                       help="most episodes open at once; more fail with TOO_MANY_SESSIONS (default: no limit)")
-    serve.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
-                       help="seconds a tool call may run (default: no limit)")
-    serve.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
-                       help="seconds an episode prepared ahead is held unclaimed once set up")
-    serve.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
-                       metavar="SECONDS",
-                       help="seconds a prepared episode's setup may take from its prepare, then it is cancelled")
-    serve.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
-                       metavar="BYTES", help="largest gRPC message and HTTP body, either way")
-    serve.add_argument("--tls-cert", default=None, metavar="FILE",
-                       help="PEM certificate chain: serve TLS on the gRPC and HTTP doors (needs --tls-key)")
-    serve.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
-    serve.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
-                       help="register a Toolset that episodes may attach by name (toolset_name); repeatable")
-    serve.add_argument("--setup-wait", type=_positive_number(float), default=DEFAULT_SETUP_WAIT_S, metavar="SECONDS",
-                       help="seconds a session call waits for setup before answering 'still starting' (503)")
-    serve.add_argument("--drain-timeout", type=_non_negative_number, default=DEFAULT_DRAIN_TIMEOUT_S,
-                       metavar="SECONDS",
-                       help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served before "
-                            "they are ended (0: at once); new episodes are refused meanwhile")
-    serve.add_argument("--advertise-host", default=None, metavar="HOST",
-                       help="hand out session ids that name HOST and the door's port (this backend's address as "
-                            "the proxy in front knows it: Envoy's stateful sessions route them back here; "
-                            "docs/deployment.md)")
-    serve.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
-                       help="run environments' code in N supervised worker processes (auto: one per CPU "
-                            "this process may use) instead of the server process; environments must be MODULE:CLASS")
-    serve.add_argument("--isolation", choices=["episode"], default=None,
-                       help="episode: every episode in a process of its own, which ends with it (a fault costs "
-                            "exactly its episode), from a pool of --workers (default 2) started processes")
-    serve.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
-                       help="with --workers: a worker whose resident memory passes MIB is killed and replaced "
-                            "(its episodes are lost, and say so)")
-    serve.add_argument("--worker-stall-limit", type=_non_negative_number, default=DEFAULT_STALL_LIMIT_S,
-                       metavar="SECONDS",
-                       help="with --workers or --isolation: a worker whose event loop one piece of code holds for "
-                            "SECONDS (measured in the worker, off its loop: a blocking call in an async def, a "
-                            "spin), or that stops reporting for as long (a frozen process), is killed and replaced "
-                            "(its episodes are lost, and say so), with or without --tool-timeout; 0: never. Load "
-                            "slows a loop but never holds it: the default is far above anything load makes")
-    serve.add_argument("--log-level", **sub_log_level)
-    _add_http_limits(serve)
-    _add_browser_options(serve)
-
+        description="Serve environments over gRPC, the ORS HTTP/SSE API with --http-port and MCP with --mcp-port. "
+                    f"Where environments' code runs: {_MODES}. SIGTERM drains (see --drain-timeout); SIGINT "
+                    "(Ctrl-C), or a second signal, stops at once.",
+        epilog=_sources_epilog(),
+    ), sub_log_level)
     drain = commands.add_parser(
         "drain", help="drain a running `ors-grpc serve` on this host", formatter_class=formatter,
         description="Ask an `ors-grpc serve` on this host to drain (as SIGTERM does): it turns NOT_SERVING, "
@@ -251,37 +176,188 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     drain.add_argument("--wait", action="store_true", help="report until the server has exited")
     drain.add_argument("--log-level", **sub_log_level)
-
-    bridge = commands.add_parser(
+    _bridge_parser(commands.add_parser(
         "bridge", help="serve only the HTTP/SSE bridge onto a gRPC backend", formatter_class=formatter,
-        description="Serve the ORS HTTP/SSE API, translating each request onto a remote gRPC backend.",
-    )
-    bridge.add_argument("--backend", required=True, type=_backend_target, metavar="HOST:PORT",
-                        help="the ors-grpc gRPC backend (or a load balancer in front of several)")
-    bridge.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
-    bridge.add_argument("--http-port", type=_port, metavar="PORT", default=None,
-                        help="HTTP port (0: any free port; none when only --mcp-port is given) (default: 8080)")
-    bridge.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
-                        help="serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free port; needs the mcp extra)")
-    bridge.add_argument("--metrics-port", type=_port, metavar="PORT", default=None, help="serve Prometheus /metrics on this port")
-    bridge.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
-                        metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
-    bridge.add_argument("--max-body-bytes", type=_positive_number(int), default=None,
-                        metavar="BYTES", help="largest HTTP request body (default: as --max-message-bytes)")
-    bridge.add_argument("--tls-cert", default=None, metavar="FILE",
-                        help="PEM certificate chain: serve HTTPS (needs --tls-key)")
-    bridge.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
-    bridge.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
-                        help="reach the backend over TLS, trusting this PEM root certificate")
-    bridge.add_argument("--backend-tls-server-name", default=None, metavar="NAME",
-                        help="the name to check in the backend's certificate (default: the backend host)")
-    bridge.add_argument("--log-level", **sub_log_level)
-    _add_http_limits(bridge)
-    _add_browser_options(bridge)
+        description="Serve the ORS HTTP/SSE API (and MCP with --mcp-port), translating each request onto a remote "
+                    "gRPC backend (an `ors-grpc serve`, or a load balancer in front of several). It holds no "
+                    "episode: environments' code and its limits are the backend's.",
+    ), sub_log_level)
     return parser
 
 
-def _add_http_limits(parser: argparse.ArgumentParser) -> None:
+def _serve_parser(serve: argparse.ArgumentParser, log_level: dict[str, Any]) -> None:
+    code = serve.add_argument_group("environments' code", "What is served, and where its code runs.")
+    code.add_argument("environments", nargs="*", metavar="ENV", default=[DEFAULT_ENVIRONMENT],
+                      help="an environment to serve, as module.path:ClassName (the current directory is importable) "
+                           "or path/to/file.py:ClassName, or SOURCE:SPEC of another ecosystem's environments (see "
+                           "below); the first is the default one "
+                           f"(default: {DEFAULT_ENVIRONMENT})")
+    code.add_argument("--toolset", dest="toolsets", action="append", default=[], metavar="MODULE:CLASS",
+                      help="register a Toolset that episodes may attach by name (toolset_name); as ENV, a module "
+                           "or a file; repeatable (default: none)")
+    placement = code.add_mutually_exclusive_group()
+    placement.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                           help="run environments' code in N supervised worker processes (auto: one per CPU this "
+                                "process may use), each episode in one for its whole life; a worker that crashes, "
+                                "stalls or passes a limit is replaced and costs only its own episodes. A class "
+                                "defined in the serving script is loaded from its file; one workers cannot load "
+                                "(python -c, a REPL) is served in-process, saying so (default: auto)")
+    placement.add_argument("--in-process", dest="workers", action="store_const", const=0,
+                           help="run environments' code in the server process instead: for a debugger, or the "
+                                "last third of trivial throughput; a crash or a blocked event loop then takes the "
+                                "whole server with it")
+    code.add_argument("--isolation", choices=["episode"], default=None,
+                      help="episode: every episode in a process of its own that ends with it (a fault costs "
+                           "exactly its episode), forked from a template that imported the environments, from a "
+                           "pool of --workers (default 2) started processes (default: none: episodes share the "
+                           "--workers)")
+
+    doors = serve.add_argument_group(
+        "doors", "Where clients reach the server: gRPC always, HTTP and MCP on request; every door binds --host and "
+                 "shares --api-key, TLS and the browser rules.")
+    doors.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
+    doors.add_argument("--port", "--grpc-port", dest="port", type=_port, default=50051, metavar="PORT",
+                       help="gRPC port (0: any free port)")
+    doors.add_argument("--http-port", type=_port, metavar="PORT", default=None,
+                       help="also serve the ORS HTTP/SSE API (the reference clients' door, the playground at /, "
+                            "API docs at /docs) on this port (0: any free port) (default: no HTTP door)")
+    doors.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
+                       help="also serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free "
+                            "port); needs the mcp extra (default: no MCP door)")
+    doors.add_argument("--api-key", default=None,
+                       help=f"require this key on every call but health: gRPC metadata {API_KEY_METADATA_KEY}, "
+                            f"HTTP header {API_KEY_HEADER} or Authorization: Bearer (default: no key)")
+    doors.add_argument("--tls-cert", default=None, metavar="FILE",
+                       help="PEM certificate chain: serve TLS on every door (needs --tls-key) (default: plaintext)")
+    doors.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
+    _add_browser_options(doors)
+
+    limits = serve.add_argument_group(
+        "limits", "What one client or one environment may take. Each applies the same in every mode unless its "
+                  "help says otherwise; the server measures every time limit, outside environments' code.")
+    limits.add_argument("--session-timeout", type=_positive_number(float), default=DEFAULT_SESSION_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="seconds without a call or ping after which a session's episode is ended and torn down")
+    limits.add_argument("--max-sessions", type=_positive_number(int), default=None, metavar="N",
+                        help="most episodes open (or prepared) at once; more are refused TOO_MANY_SESSIONS (HTTP "
+                             "429). With --isolation episode also the most episode processes (default: no limit)")
+    limits.add_argument("--tool-timeout", type=_positive_number(float), default=None, metavar="SECONDS",
+                        help="seconds a tool call may run before its caller is answered 'tool call timed out' (the "
+                             "session lives on). In-process it cannot stop the code: an async def tool is cancelled "
+                             "at its next await, but sync code in a thread runs on until it returns (a hang holds "
+                             "its thread for good), and code that holds the event loop (a blocking call in an async "
+                             "def, sync code placed on the loop) delays the answer itself until it lets go. With "
+                             "--workers the timer is in the server: the caller is answered on time, the call is "
+                             f"cancelled in the worker, and a call still running {KILL_GRACE_S:g} s later gets its "
+                             "worker killed and replaced (its episodes are lost, and say so). With --isolation "
+                             "episode the same, costing only that episode (default: no limit)")
+    limits.add_argument("--setup-wait", type=_positive_number(float), default=DEFAULT_SETUP_WAIT_S, metavar="SECONDS",
+                        help="seconds a session call waits for the episode's setup() before answering 'still "
+                             "starting' (HTTP 503, retried by the clients); setup() itself goes on")
+    limits.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
+                        metavar="BYTES", help="largest gRPC message and HTTP body, either way (HTTP 413 over it)")
+    limits.add_argument("--worker-memory-limit", type=_positive_number(float), default=None, metavar="MIB",
+                        help="with --workers or --isolation: a process whose resident memory passes MIB (read "
+                             "every second) is killed and replaced, before the machine's OOM killer picks one (its "
+                             "episodes are lost, and say so). In-process no limit applies (default: no limit)")
+    limits.add_argument("--worker-stall-limit", type=_non_negative_number, default=DEFAULT_STALL_LIMIT_S,
+                        metavar="SECONDS",
+                        help="with --workers or --isolation: a process whose event loop one piece of code holds for "
+                             "SECONDS (a blocking call in an async def, a spin), or that stops reporting for as long "
+                             "(a frozen process), is killed and replaced (its episodes are lost, and say so), with "
+                             "or without --tool-timeout; 0: never. Load slows a loop but never holds it: the default "
+                             "is far above anything load makes. In-process a held loop freezes every episode; the "
+                             "server logs a WARNING naming the code")
+    _add_http_limits(limits)
+
+    fleet = serve.add_argument_group(
+        "fleet", "Running several servers behind a load balancer: draining for a rolling deploy, and episodes "
+                 "prepared ahead (PrepareEpisodes, /{env}/prepare) for a /create to claim.")
+    fleet.add_argument("--drain-timeout", type=_non_negative_number, default=DEFAULT_DRAIN_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="after SIGTERM (or `ors-grpc drain`), seconds the open episodes are served, health "
+                            "NOT_SERVING and new episodes refused, before they are ended and the server exits "
+                            "(0: at once); SIGINT or a second signal stops at once")
+    fleet.add_argument("--advertise-host", default=None, metavar="HOST",
+                       help="hand out session ids that name HOST and the door's port (this backend's address as "
+                            "the proxy in front knows it: Envoy's stateful sessions route them back here; "
+                            "docs/deployment.md) (default: plain session ids)")
+    fleet.add_argument("--warm-ttl", type=_positive_number(float), default=DEFAULT_WARM_TTL_S, metavar="SECONDS",
+                       help="seconds an episode prepared ahead is held unclaimed once set up, then torn down")
+    fleet.add_argument("--warm-setup-timeout", type=_positive_number(float), default=DEFAULT_WARM_SETUP_TIMEOUT_S,
+                       metavar="SECONDS",
+                       help="seconds a prepared episode's construction and setup() may take from its prepare, "
+                            "then it is cancelled and torn down")
+
+    observability = serve.add_argument_group(
+        "observability", "Logs go to stderr; tracing is on when the OTEL_* environment asks for it "
+                         "(docs/deployment.md).")
+    observability.add_argument("--metrics-port", type=_port, metavar="PORT", default=None,
+                               help="serve Prometheus /metrics on this port (0: any free port); worker processes "
+                                    "are read from the server (default: no metrics door)")
+    observability.add_argument("--log-level", **log_level)
+
+
+def _bridge_parser(bridge: argparse.ArgumentParser, log_level: dict[str, Any]) -> None:
+    backend = bridge.add_argument_group("backend", "The gRPC server every request is translated onto.")
+    backend.add_argument("--backend", required=True, type=_backend_target, metavar="HOST:PORT",
+                         help="the ors-grpc gRPC backend (or a load balancer in front of several)")
+    backend.add_argument("--backend-tls-root-cert", default=None, metavar="FILE",
+                         help="reach the backend over TLS, trusting this PEM root certificate (default: plaintext)")
+    backend.add_argument("--backend-tls-server-name", default=None, metavar="NAME",
+                         help="the name to check in the backend's certificate (default: the backend host)")
+
+    doors = bridge.add_argument_group(
+        "doors", "Where clients reach the bridge; API keys are passed on to the backend, which checks them.")
+    doors.add_argument("--host", default="127.0.0.1", help="address every door binds (0.0.0.0: all interfaces)")
+    doors.add_argument("--http-port", type=_port, metavar="PORT", default=None,
+                       help="HTTP port (0: any free port; none when only --mcp-port is given) "
+                            f"(default: {DEFAULT_BRIDGE_HTTP_PORT})")
+    doors.add_argument("--mcp-port", type=_port, metavar="PORT", default=None,
+                       help="also serve MCP (streamable HTTP, /{env}/mcp/{session_id}) on this port (0: any free "
+                            "port); needs the mcp extra (default: no MCP door)")
+    doors.add_argument("--tls-cert", default=None, metavar="FILE",
+                       help="PEM certificate chain: serve HTTPS (needs --tls-key) (default: plaintext)")
+    doors.add_argument("--tls-key", default=None, metavar="FILE", help="PEM private key of --tls-cert")
+    _add_browser_options(doors)
+
+    limits = bridge.add_argument_group(
+        "limits", "What one client may send; the limits of environments' code are the backend's.")
+    limits.add_argument("--max-message-bytes", type=_positive_number(int), default=DEFAULT_MAX_MESSAGE_BYTES,
+                        metavar="BYTES", help="largest gRPC message either way (as serve's --max-message-bytes)")
+    limits.add_argument("--max-body-bytes", type=_positive_number(int), default=None,
+                        metavar="BYTES", help="largest HTTP request body, HTTP 413 over it (default: as "
+                                              "--max-message-bytes)")
+    _add_http_limits(limits)
+
+    observability = bridge.add_argument_group("observability", "Logs go to stderr.")
+    observability.add_argument("--metrics-port", type=_port, metavar="PORT", default=None,
+                               help="serve Prometheus /metrics on this port (0: any free port) "
+                                    "(default: no metrics door)")
+    observability.add_argument("--log-level", **log_level)
+
+
+#: How each environment source of ors_grpc/adapters reads its SPEC (`serve --help`; docs/ecosystems.md).
+SOURCE_SYNTAX = {
+    "reasoning-gym": ("reasoning-gym:DATASET[+DATASET...][,...][?split=NAME:SIZE:SEED&...&PARAM=VALUE...]",
+                      "reasoning-gym datasets: one environment per comma, `+` mixes datasets into one, PARAMs "
+                      "configure them (difficulty); e.g. reasoning-gym:leg_counting,basic_arithmetic?split=train:1000:0"),
+    "openenv": ("openenv:MODULE:CLASS[?...] | openenv:URL[?...]",
+                "an OpenEnv Environment (or MCPEnvironment) class hosted here, or a running OpenEnv server fronted; "
+                "options split=NAME:SIZE:SEED (repeatable), name=NAME"),
+}
+
+
+def _sources_epilog() -> str:
+    lines = ["environment sources, each with the extra of its name (pip install '.[NAME]' from the checkout; "
+             "docs/ecosystems.md):"]
+    for name in sorted(environment_sources()):
+        usage, explanation = SOURCE_SYNTAX.get(name, (f"{name}:SPEC", "a source another package installed"))
+        lines += [f"  {usage}", f"      {explanation}"]
+    return "\n".join(lines)
+
+
+def _add_http_limits(parser: Any) -> None:
     """The HTTP port's timeouts and connection cap (http_bridge/_http_server.py)."""
     defaults = serving.HttpLimits()
     parser.add_argument("--http-header-timeout", type=_positive_number(float), default=defaults.header_timeout_s,
@@ -302,7 +378,7 @@ def _workers(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of workers (at least 1) or auto, got {value!r}") from None
 
 
-def _add_browser_options(parser: argparse.ArgumentParser) -> None:
+def _add_browser_options(parser: Any) -> None:
     """Which Host and Origin the HTTP and MCP doors serve (ors_grpc/protocol/browser_policy.py)."""
     parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME[:PORT]",
                         help="also serve requests whose Host is NAME (NAME:PORT: that port only; NAME:*: any port), "
@@ -321,7 +397,7 @@ def _http_limits(args: argparse.Namespace) -> serving.HttpLimits:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    environments = [load_environment(spec) for spec in args.environments or [DEFAULT_ENVIRONMENT]]
+    environments = [cls for spec in args.environments or [DEFAULT_ENVIRONMENT] for cls in load_environments(spec)]
     config = ServerConfig(
         session_timeout_s=args.session_timeout,
         max_message_bytes=args.max_message_bytes,
@@ -380,7 +456,10 @@ def _configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and args.isolation and args.workers == 0:
+        parser.error("argument --isolation: not allowed with argument --in-process")
     _configure_logging(args.log_level)
     command = {"serve": _serve, "bridge": _bridge, "drain": _drain}[args.command]
     try:

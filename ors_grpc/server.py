@@ -20,6 +20,7 @@ from ors_grpc import serving
 from ors_grpc._runtime.grpc_server import RunningServer, ServerConfig, create_server
 from ors_grpc._runtime.inprocess import InProcessChannel
 from ors_grpc._runtime.service import ToolsetRegistry, environment_map, toolset_map
+from ors_grpc._runtime.workers.startup import stop_a_script_serving_in_a_worker
 from ors_grpc.authoring.environment import Environment
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY
 
@@ -39,7 +40,9 @@ class Server:
     `run` serves the ORS HTTP API on `port` (through the HTTP bridge, so
     existing ORS clients work unchanged) and gRPC on `grpc_port`, until
     SIGINT, or until SIGTERM has drained it (`config.drain_timeout_s`; see
-    docs/deployment.md, "Draining a backend").
+    docs/deployment.md, "Draining a backend"). The environments' code runs
+    in worker processes, one per CPU, unless `config.workers` says
+    otherwise (0: in this process; docs/deployment.md, "Worker processes").
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Server:
 
     def run(self, host: str = "0.0.0.0", port: int = 8080, *, grpc_port: int = 50051) -> None:
         """Serve until SIGINT or a drain (SIGTERM), then tear every session left down."""
+        stop_a_script_serving_in_a_worker()  # a worker loading this script (no main guard) stops here
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO)
         try:

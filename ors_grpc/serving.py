@@ -18,11 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
+import importlib.util
+import json
 import logging
+import shlex
 import signal
 import socket
 import ssl
-from dataclasses import dataclass
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Iterator, Sequence
 
 import grpc
@@ -32,17 +38,21 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
-from ors_grpc._runtime.service import environment_map
-from ors_grpc._runtime.workers.startup import WorkerStartupError
+from ors_grpc._runtime.service import environment_map, toolset_map
+from ors_grpc._runtime.workers.placement import worker_count
+from ors_grpc._runtime.workers.startup import WorkerStartupError, unimportable
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments", "drain", "serve"]
+__all__ = [
+    "BridgeOptions", "DrainError", "HttpLimits", "StartupError", "bridge", "check_environments",
+    "contained_by_default", "drain", "serve",
+]
 
-#: How to install the MCP door's SDK, which is an extra (pyproject.toml says why).
-MCP_EXTRA_INSTALL = "pip install 'ors-grpc[mcp]'"
+#: The modules of the `mcp` extra the MCP door imports, and what each is.
+MCP_EXTRA_MODULES = {"mcp": "the MCP SDK 'mcp'", "uvicorn": "'uvicorn'", "starlette": "'starlette'"}
 #: Seconds running RPCs get to finish after a stop signal.
 SHUTDOWN_GRACE_S = 5.0
 
@@ -86,10 +96,14 @@ async def serve(
     session left is torn down. With TLS every door serves it, from the same
     certificate and key."""
     names = check_environments(environments)
+    config = contained_by_default(environments, toolsets, config)
     ssl_context = https_context(config.tls_cert, config.tls_key)
     start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
     policy = _browser_policy(host, config.allowed_hosts, config.allowed_origins)
-    await _bind("gRPC", host, port, _probe_port(host, port))
+    # Every door's port is checked before worker processes start (a port in use is one line, at once).
+    for door, door_port in (("gRPC", port), ("HTTP", http_port), ("MCP", mcp_port), ("metrics", metrics_port)):
+        if door_port is not None:
+            await _bind(door, host, door_port, _probe_port(host, door_port))
     try:
         server, bound_port = await _bind(
             "gRPC", host, port, create_server(environments, f"{host}:{port}", config=config, toolsets=toolsets)
@@ -129,6 +143,23 @@ async def serve(
         # first would wait for it for aiohttp's shutdown timeout (60 s).
         await asyncio.gather(*(r.cleanup() for r in runners), server.stop(SHUTDOWN_GRACE_S))
     logger.info("server_stopped")
+
+
+def contained_by_default(
+    environments: Sequence[type[Environment]], toolsets: Any, config: ServerConfig
+) -> ServerConfig:
+    """`config` with the default of a server that owns its process: environments' code in one
+    worker process per CPU, unless `config.workers` says otherwise (0: in-process). Where workers
+    could not load a class (made at run time, or in `__main__` with no script file), the code
+    runs in-process, and one log line says why."""
+    if config.workers is not None or config.isolation is not None:
+        return config
+    why = unimportable(environments, toolset_map(toolsets).values())
+    if why is not None:
+        logger.warning("serving_in_process reason=%r: its faults and stalls reach the server "
+                       "(docs/reliability.md)", why)
+        return replace(config, workers=0)
+    return replace(config, workers=worker_count("auto"))
 
 
 #: Seconds between the progress reports of `drain --wait`.
@@ -260,13 +291,20 @@ def _serve_signals() -> Iterator[_ServeSignals]:
             loop.remove_signal_handler(signum)
 
 
+#: How to stop `serve` at once while it drains (`_ServeSignals`), in the drain's log line and on stdout.
+STOP_AT_ONCE_HINT = "press Ctrl-C (SIGINT) or send a second SIGTERM"
+
+
 async def _until_drained_or_stopped(drain: Drain, signals: _ServeSignals) -> None:
     """Serve until a stop; or until a drain (SIGTERM or the Drain RPC) has
     seen every episode end or timed out, unless a stop cuts it short."""
+    drain.stop_at_once_hint = STOP_AT_ONCE_HINT
     await _first_of(signals.stop.wait(), signals.drain.wait(), drain.begun.wait())
     if signals.stop.is_set():
         return
     await drain.begin()
+    print(f"draining: {drain.open_sessions} episodes open, served for up to {drain.seconds_left:.0f} s while new "
+          f"ones are refused; to stop at once, {STOP_AT_ONCE_HINT}", flush=True)
     await _first_of(signals.stop.wait(), drain.until_done())
     if signals.stop.is_set():
         logger.warning("drain_cut_short open_sessions=%d", drain.open_sessions)
@@ -413,14 +451,33 @@ def _mcp_door_starter() -> Any:
     """`mcp_bridge.start_mcp_door`, imported only when the MCP door is asked
     for: its SDK is the `mcp` extra (pyproject.toml says why), and it imports
     OpenTelemetry at import time, which a server without the MCP door must
-    not need. A StartupError naming the install command when it is missing."""
-    try:
-        from mcp_bridge import start_mcp_door
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] == "mcp_bridge":
-            raise
-        raise StartupError(
-            f"the MCP door (--mcp-port) needs the mcp extra, which is not installed (no module {exc.name!r}):"
-            f" {MCP_EXTRA_INSTALL}"
-        ) from None
+    not need. A StartupError naming what is missing and the install command when it is."""
+    missing = [what for module, what in MCP_EXTRA_MODULES.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise StartupError(f"the MCP door (--mcp-port) needs the mcp extra, which is not installed "
+                           f"(missing: {', '.join(missing)}): {mcp_extra_install_command()}")
+    from mcp_bridge import start_mcp_door
+
     return start_mcp_door
+
+
+def mcp_extra_install_command() -> str:
+    """The pip command that adds the `mcp` extra (see `extra_install_command`)."""
+    return extra_install_command("mcp")
+
+
+def extra_install_command(extra: str) -> str:
+    """The pip command that adds `extra` to this installation of ors-grpc: from the
+    checkout or wheel it was installed from (pip records it in `direct_url.json`), editable if it is."""
+    # The first installation that has the record (a checkout's own `ors_grpc.egg-info` has none).
+    texts = (dist.read_text("direct_url.json") for dist in importlib.metadata.distributions(name="ors-grpc"))
+    try:
+        record = json.loads(next((text for text in texts if text), "{}"))
+    except ValueError:
+        record = {}
+    url = urllib.parse.urlsplit(record.get("url", ""))
+    if url.scheme != "file":
+        return f"pip install '.[{extra}]' in the ors-grpc checkout"
+    where = urllib.request.url2pathname(url.path)
+    editable = "-e " if record.get("dir_info", {}).get("editable") else ""
+    return f"pip install {editable}{shlex.quote(where + f'[{extra}]')}"

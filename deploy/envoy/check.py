@@ -33,6 +33,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.processes import REPO_ROOT
+from ors_grpc.protocol.constants import SESSION_ID_HEADER
 
 __all__ = [
     "Outcome", "http_episodes", "python_episodes", "run_check", "run_warm_check", "sessions_created", "task_answers",
@@ -219,10 +220,10 @@ async def http_warm_episodes(url: str, count: int) -> None:
     async with aiohttp.ClientSession(base_url=url) as http:
         for task, sid in zip(tasks, ids):
             async with http.post(f"/{ENVIRONMENT}/prepare", json={"task_specs": [task]},
-                                 headers={"X-Session-ID": sid}) as response:
+                                 headers={SESSION_ID_HEADER: sid}) as response:
                 _expect(response.status == 200, f"prepare: {response.status} {await response.text()}")
         for task, sid in zip(tasks, ids):
-            headers = {"X-Session-ID": sid}
+            headers = {SESSION_ID_HEADER: sid}
             async with http.post("/create", json={"env_name": ENVIRONMENT, "task_spec": task}, headers=headers) as response:
                 _expect(response.status == 200, f"create: {response.status} {await response.text()}")
             async with http.post("/delete", headers=headers) as response:

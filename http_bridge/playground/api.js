@@ -1,6 +1,8 @@
 // The ORS HTTP API as the page calls it: plain fetch, the API key held in
 // this module's memory only (never stored), SSE read from the response body.
 
+import { API_KEY_HEADER, SESSION_ID_HEADER } from "./constants.js";
+
 let apiKey = "";
 
 /** An HTTP answer other than 2xx: its status and the server's `detail`. */
@@ -18,8 +20,8 @@ export function setApiKey(key) {
 
 function headers({ sessionId, json } = {}) {
   const result = {};
-  if (apiKey) result["X-API-Key"] = apiKey;
-  if (sessionId) result["X-Session-ID"] = sessionId;
+  if (apiKey) result[API_KEY_HEADER] = apiKey;
+  if (sessionId) result[SESSION_ID_HEADER] = sessionId;
   if (json) result["Content-Type"] = "application/json";
   return result;
 }

@@ -54,6 +54,7 @@ async function connect() {
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) {
       byId("auth").hidden = false;
+      placeholder(byId("env"), "needs an API key");
       say(keyInUse ? "That API key was refused." : "This server needs an API key.", keyInUse ? "error" : "info");
       byId("api-key").focus();
       return;
@@ -77,20 +78,44 @@ function selectedEnv() {
   return byId("env").value;
 }
 
+/** A select that shows why it has no choices yet (loading, a key needed), and cannot be used meanwhile. */
+function placeholder(select, text) {
+  clear(select).append(el("option", { value: "" }, text));
+  select.disabled = true;
+}
+
+/** The task form: usable once its environment's splits are in, busy (and saying so) before. */
+function setReady(ready) {
+  byId("setup").setAttribute("aria-busy", String(!ready));
+  byId("start").disabled = !ready;
+}
+
 function fillEnvironments(names) {
   const select = clear(byId("env"));
   for (const name of names) select.append(el("option", { value: name }, name));
+  select.disabled = names.length === 0;
   if (names.length) loadEnvironment();
+  else placeholder(select, "no environments");
 }
 
 async function loadEnvironment() {
   const env = selectedEnv();
-  await guarded(async () => {
+  setReady(false);
+  placeholder(byId("split"), "loading splits…");
+  byId("task-json").textContent = "loading the task…";
+  const loaded = await guarded(async () => {
     const splits = await getJson(`/${encodeURIComponent(env)}/splits`);
     const select = clear(byId("split"));
     for (const split of splits) select.append(el("option", { value: split.name }, `${split.name} (${split.type})`));
+    select.disabled = false;
+    setReady(true);
     await showTask();
+    return true;
   });
+  if (!loaded) {
+    placeholder(byId("split"), "no splits (see the error above)");
+    byId("task-json").textContent = "";
+  }
 }
 
 async function showTask() {

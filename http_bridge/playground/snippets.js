@@ -3,6 +3,8 @@
 // TypeScript). Secrets and the API key are never written into a snippet:
 // they are read from environment variables named after them.
 
+import { API_KEY_HEADER, SESSION_ID_HEADER } from "./constants.js";
+
 /** A JSON value as a Python literal. */
 export function python(value) {
   if (value === null || value === undefined) return "None";
@@ -23,10 +25,10 @@ function pythonSecrets(names) {
 }
 
 function curl({ origin, env, sessionId, call, usesKey }) {
-  const key = usesKey ? ` -H "X-API-Key: $ORS_API_KEY"` : "";
+  const key = usesKey ? ` -H "${API_KEY_HEADER}: $ORS_API_KEY"` : "";
   return [
     `curl -sN -X POST ${shell(`${origin}/${env}/call`)}${key} \\`,
-    `  -H ${shell(`X-Session-ID: ${sessionId}`)} -H 'Content-Type: application/json' \\`,
+    `  -H ${shell(`${SESSION_ID_HEADER}: ${sessionId}`)} -H 'Content-Type: application/json' \\`,
     `  -d ${shell(JSON.stringify({ name: call.name, input: call.input }))}`,
   ].join("\n");
 }

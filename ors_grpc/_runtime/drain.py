@@ -35,6 +35,9 @@ class Drain:
         #: Set when the drain begins, by whichever trigger came first.
         self.begun = asyncio.Event()
         self._deadline: float | None = None
+        #: How its operator stops the server at once instead, for the log line
+        #: that starts the drain (set by whoever handles the process's signals).
+        self.stop_at_once_hint: str | None = None
 
     async def begin(self) -> None:
         """Start draining; a no-op once begun."""
@@ -42,7 +45,8 @@ class Drain:
             return
         self._deadline = asyncio.get_running_loop().time() + self.timeout_s
         self.begun.set()
-        logger.info("drain_started open_sessions=%d timeout_s=%g", self._sessions.open_count, self.timeout_s)
+        hint = f' stop_at_once="{self.stop_at_once_hint}"' if self.stop_at_once_hint else ""
+        logger.info("drain_started open_sessions=%d timeout_s=%g%s", self._sessions.open_count, self.timeout_s, hint)
         await self._health.enter_graceful_shutdown()
         await self._sessions.start_draining()
 

@@ -105,8 +105,11 @@ class ServerConfig:
     #: door's port (`ors_grpc.protocol.routed_ids`), for a proxy that routes
     #: each session to the backend that issued its id (Envoy's stateful sessions).
     advertise_host: str | None = None
-    #: When set, environments' code runs in this many worker processes
-    #: (`_runtime/workers`), not in the server process.
+    #: How many worker processes run environments' code (`_runtime/workers`);
+    #: 0: none, it runs in the server process. None: the default of the entry
+    #: point: `create_server`, which runs inside its caller's event loop (tests,
+    #: embedding), hosts in-process; `ors-grpc serve`, `serving.serve` and
+    #: `Server.run`, which own their process, one per CPU (docs/deployment.md).
     workers: int | None = None
     #: With `workers`: a worker whose resident memory (RSS) passes this many
     #: MiB is killed and replaced, its episodes lost (None: no limit).
@@ -295,7 +298,7 @@ _HEALTH_UPDATES: set[asyncio.Task[None]] = set()
 
 
 def _hosts_for(environments: Sequence[type[Environment]], toolsets: ToolsetRegistry, config: ServerConfig) -> HostFactory:
-    """Where environments' code runs: in this process, or in `config.workers` worker processes."""
+    """Where environments' code runs: in this process (`workers` 0 or None), or in `config.workers` worker processes."""
     if config.isolation == "episode":
         return WorkerHosts(config.workers or 2, environment_map(environments), toolset_map(toolsets),
                            per_episode=True, memory_limit_mib=config.worker_memory_limit_mib,

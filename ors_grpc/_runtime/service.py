@@ -34,7 +34,10 @@ from ors_grpc._runtime.server_stats import WINDOW_S
 from ors_grpc._runtime.session import Session
 from ors_grpc._runtime.tool_calls import CallOutcome, ToolCallTask
 from ors_grpc.protocol import json_text
-from ors_grpc.protocol.errors import ORSError, abort, environment_error, logged_bounded_text, message_too_large
+from ors_grpc.protocol.errors import (
+    ORSError, abort, environment_error, invalid_index, invalid_index_range, invalid_split, logged_bounded_text,
+    message_too_large, unknown_environment,
+)
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.sessions import SessionTable
 from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
@@ -330,6 +333,8 @@ async def _scoring_outcome_event(session: Session, call: ToolCallTask) -> pb.Sco
     """Waits for a scoring to end: its scores, or its failure."""
     outcome = await call.outcome()
     session.touch()
+    if outcome.error is not None:
+        raise outcome.error
     if outcome.failure is None:
         return pb.ScoreGroupResponse(result=pb.ScoreGroupResult(scores=_convert.group_scores_to_proto(outcome.result)))
     return pb.ScoreGroupResponse(failure=pb.ScoreGroupFailure(message=outcome.failure))
@@ -339,9 +344,12 @@ async def _write_outcome(session: Session, call: ToolCallTask, event: pb.CallToo
     """Waits for a call to end and writes its result, or its failure when the
     tool raised, into `event` (a CallTool event, or a RunEpisode answer's
     `call_tool`): the result message is copied once, not once per enclosing
-    message a constructor would copy it into. Returns the outcome."""
+    message a constructor would copy it into. Returns the outcome; raises the
+    error of a call whose environment's process ended under it."""
     outcome = await call.outcome()
     session.touch()
+    if outcome.error is not None:
+        raise outcome.error
     if outcome.message is not None:
         event.result.CopyFrom(outcome.message)
     elif outcome.result is not None:
@@ -421,7 +429,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     def _env_cls(self, env_name: str) -> type[Environment]:
         env_cls = self._envs.get(env_name.lower())
         if env_cls is None:
-            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT, f"unknown environment {env_name!r}")
+            raise ORSError(errors_pb2.ERROR_REASON_UNKNOWN_ENVIRONMENT, unknown_environment(env_name, list(self._envs)))
         return env_cls
 
     def _catalog(self, env_name: str) -> CatalogHost:
@@ -435,16 +443,34 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
     async def _check_split(self, catalog: CatalogHost, split: str) -> None:
         names = [_convert.split_to_proto(s).name for s in await self._splits(catalog)]
         if split not in names:
-            raise ORSError(errors_pb2.ERROR_REASON_INVALID_SPLIT, "Invalid split")
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_SPLIT,
+                           invalid_split(split, catalog.env_cls.name().lower(), names))
+
+    async def _num_tasks_if_known(self, catalog: CatalogHost, split: str) -> int | None:
+        """For a refusal's text: the split's size, or None when the environment cannot say (its own error is logged)."""
+        try:
+            with _environment_code():
+                return await catalog.num_tasks(split)
+        except ORSError:
+            return None
 
     async def _get_task(self, env_cls: type[Environment], split: str, index: int) -> Any:
+        """Task `index` of `split`. A negative index counts from the end, as the reference's
+        `tasks[index]` does, for every environment: -1 is the last task (docs/http-bridge.md)."""
         catalog = self._sessions.hosts.catalog(env_cls)
         await self._check_split(catalog, split)
+        if index < 0:
+            with _environment_code():
+                count = await catalog.num_tasks(split)
+            if index < -count:
+                raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, invalid_index(index, split, count))
+            index += count
         try:
             with _environment_code(answered=(IndexError,)):
                 return await catalog.get_task(split, index)
         except IndexError:
-            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index") from None
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX,
+                           invalid_index(index, split, await self._num_tasks_if_known(catalog, split))) from None
 
     @_unary
     async def Health(self, request: pb.HealthRequest, context: Any) -> pb.HealthResponse:
@@ -505,7 +531,8 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
             with _environment_code(answered=(IndexError,)):
                 tasks = await catalog.get_task_range(request.split, start, stop)
         except IndexError:
-            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX, "Invalid index range") from None
+            raise ORSError(errors_pb2.ERROR_REASON_INVALID_INDEX,
+                           invalid_index_range(request.split, await self._num_tasks_if_known(catalog, request.split))) from None
         return pb.GetTaskRangeResponse(tasks=[_convert.task_to_proto(task) for task in tasks])
 
     # Sessions and episodes ---------------------------------------------------

@@ -31,7 +31,7 @@ from ors_grpc._runtime.episode_record import EndedRecords, EpisodeRecorder
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.issued_ids import IssuedIds
 from ors_grpc._runtime.local_hosts import LocalHosts
-from ors_grpc.protocol.errors import ORSError, bounded_text
+from ors_grpc.protocol.errors import ORSError, bounded_text, session_not_found
 from ors_grpc._runtime.server_stats import ServerStats
 from ors_grpc._runtime.session import Session
 from ors_grpc._runtime.tool_calls import SessionToolCalls
@@ -254,7 +254,7 @@ class SessionTable:
         """The session of `sid`, marked active."""
         session = self._sessions.get(sid)
         if session is None:
-            raise ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND, "Active environment not found")
+            raise session_not_found(sid)
         session.touch()
         return session
 
@@ -285,7 +285,7 @@ class SessionTable:
             return session.record.to_proto(sid, setup_error=_failure_message(session))
         record = self._ended_records.find(sid)
         if record is None:
-            raise ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND, "Active environment not found")
+            raise session_not_found(sid)
         return record
 
     async def delete(self, sid: str, ended: int = pb.EPISODE_END_DELETED) -> None:

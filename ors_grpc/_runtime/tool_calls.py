@@ -55,8 +55,10 @@ MAX_TASK_ID_LENGTH = 128
 
 class CallOutcome(NamedTuple):
     """A call's end: the tool's result (or tool-level error) or a scoring's
-    scores, else the message of the exception it raised. (A named tuple:
-    immutable, and made in half the time of a frozen dataclass, twice a call.)"""
+    scores, else the message of the exception it raised, else the error the
+    call answers as a status (its environment's process ended under it).
+    (A named tuple: immutable, and made in half the time of a frozen
+    dataclass, twice a call.)"""
 
     result: RunToolOutput | list[GroupScore] | None = None
     failure: str | None = None
@@ -64,6 +66,14 @@ class CallOutcome(NamedTuple):
     message: types_pb2.RunToolResult | None = None
     #: `message`'s size in bytes, measured once: the record keeps it, answers are bounded by it.
     message_bytes: int = 0
+    #: ENVIRONMENT_CRASHED: the process holding the environment ended while
+    #: the call ran; every door answers it as that status, not as a failure.
+    error: ORSError | None = None
+
+    @property
+    def failed_because(self) -> str | None:
+        """Why the call produced no result (a failure's or an error's message), None when it did."""
+        return self.error.message if self.error is not None else self.failure
 
 
 def _refused_as_finished(name: str) -> CallOutcome:
@@ -76,7 +86,15 @@ async def _at_once(outcome: CallOutcome) -> CallOutcome:
 
 
 def _failure_message(outcome: CallOutcome) -> str | None:
-    return outcome.failure
+    return outcome.failed_because
+
+
+def _crashed(exc: Exception) -> ORSError | None:
+    """`exc` if it says the environment's process ended under the call (the
+    host raised ENVIRONMENT_CRASHED): not the tool's failure, the episode's end."""
+    if isinstance(exc, ORSError) and exc.reason == errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED:
+        return exc
+    return None
 
 
 def call_fingerprint(kind: str, name: str, tool_input: Any) -> str:
@@ -272,7 +290,7 @@ class SessionToolCalls:
             raise
         if outcome.result is None:
             if record is not None and call is not None:
-                record.call_failed(call, outcome.failure or "")
+                record.call_failed(call, outcome.failed_because or "")
             return outcome
         try:
             message = convert.run_tool_output_to_proto(outcome.result)
@@ -336,6 +354,9 @@ class SessionToolCalls:
             logger.warning("tool_timed_out tool=%s timeout_s=%s", name, self._timeout_s)
             return CallOutcome(failure=f"tool call timed out after {self._timeout_s:g}s")
         except Exception as exc:
+            crashed = _crashed(exc)
+            if crashed is not None:
+                return CallOutcome(error=crashed)
             # The message reaches clients and logs: mask the session's secrets.
             message = self._redact(str(exc) or type(exc).__name__)
             logger.warning("tool_failed tool=%s error_type=%s error=%s", name, type(exc).__name__, message)
@@ -359,6 +380,9 @@ class SessionToolCalls:
             if len(scores) != len(candidates):
                 raise ValueError(f"score_group returned {len(scores)} scores for {len(candidates)} candidates")
         except Exception as exc:
+            crashed = _crashed(exc)
+            if crashed is not None:
+                return CallOutcome(error=crashed)
             message = self._redact(str(exc) or type(exc).__name__)
             logger.warning("score_group_failed error_type=%s error=%s", type(exc).__name__, message)
             return CallOutcome(failure=bounded_text(message))

@@ -57,6 +57,7 @@ from ors_grpc.authoring.types import (
     ToolResultBlock,
     ToolSpec,
 )
+from ors_grpc.protocol.validation import describe_validation_error
 
 __all__ = [
     "Environment",
@@ -623,8 +624,12 @@ def tool_argument(fn: Callable[..., Any], input: JSONObject) -> Union[tuple[Any,
     try:
         return (model(**input),)
     except ValidationError as exc:
+        # The reference's words first (openreward's client reads the reason off them from servers
+        # that send none), then each wrong field on a line of its own.
+        fields = describe_validation_error(exc)
         return RunToolOutput(RunToolError(
-            error=f"Tool input validation error: {str(exc.errors())}", reason="input_validation"
+            error=f"Tool input validation error:{chr(10) if chr(10) in fields else ' '}{fields}",
+            reason="input_validation",
         ))
 
 

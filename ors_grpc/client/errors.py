@@ -71,7 +71,9 @@ class ToolCallError(ToolError):
 
 
 class ToolFailedError(ToolError):
-    """The tool ran and raised; `message` is its exception's message. The session lives on."""
+    """The tool ran and raised; `message` is its exception's message. The session lives on.
+    (A call whose environment's process died under it is an ORSServerError,
+    `ERROR_REASON_ENVIRONMENT_CRASHED`: the session is lost.)"""
 
 
 class ScoreGroupFailedError(Exception):

@@ -15,6 +15,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
+from ors_grpc.protocol.constants import API_KEY_HEADER, IDEMPOTENCY_KEY_HEADER, SESSION_ID_HEADER
+
 __all__ = [
     "CORS_PREFLIGHT_MAX_AGE_S",
     "FOREIGN_HOST_DETAIL",
@@ -40,8 +42,8 @@ CORS_PREFLIGHT_MAX_AGE_S = 600
 #: What an allowed page may send and read: the headers of the ORS HTTP API
 #: and of MCP's streamable HTTP transport.
 CORS_ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_ALLOW_HEADERS = ("Content-Type, Accept, X-Session-ID, X-API-Key, Authorization, X-Secrets, Idempotency-Key, "
-                      "Last-Event-ID, Mcp-Session-Id, Mcp-Protocol-Version")
+CORS_ALLOW_HEADERS = (f"Content-Type, Accept, {SESSION_ID_HEADER}, {API_KEY_HEADER}, Authorization, X-Secrets, "
+                      f"{IDEMPOTENCY_KEY_HEADER}, Last-Event-ID, Mcp-Session-Id, Mcp-Protocol-Version")
 CORS_EXPOSE_HEADERS = "Retry-After, X-Backend-State, Mcp-Session-Id, Mcp-Protocol-Version"
 
 FOREIGN_HOST_DETAIL = (

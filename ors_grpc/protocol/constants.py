@@ -1,13 +1,15 @@
 """The protocol's constants, defaults and metadata keys: each is defined here
 once, and the runtime, the client, the doors and the CLI import it.
 
-gRPC metadata keys are lowercase (HTTP/2 header names); the HTTP door reads
-the same names case-insensitively (`X-Session-ID`, `X-API-Key`).
+gRPC metadata keys are lowercase (HTTP/2 header names); the HTTP and MCP
+doors read the same names case-insensitively, spelled as their HTTP headers
+(`SESSION_ID_HEADER`, `API_KEY_HEADER`).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "API_KEY_HEADER",
     "API_KEY_METADATA_KEY",
     "DEFAULT_DRAIN_TIMEOUT_S",
     "DEFAULT_KEEPALIVE_INTERVAL_S",
@@ -23,16 +25,20 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_REQUEST_HEADERS",
     "MAX_REQUEST_HEAD_BYTES",
+    "SESSION_ID_HEADER",
     "SESSION_ID_METADATA_KEY",
     "STATUS_DETAILS_METADATA_KEY",
 ]
 
-#: The API key of every call but health checks (`--api-key`); also the HTTP
-#: door's `X-API-Key` header.
-API_KEY_METADATA_KEY = "x-api-key"
+#: The API key of every call but health checks (`--api-key`): the HTTP
+#: header, and the gRPC metadata key (its lowercase).
+API_KEY_HEADER = "X-API-Key"
+API_KEY_METADATA_KEY = API_KEY_HEADER.lower()
 #: The episode a call is about, as a routing key for proxies with session
-#: affinity (nginx, HAProxy, Envoy hash on it); also the HTTP `X-Session-ID`.
-SESSION_ID_METADATA_KEY = "x-session-id"
+#: affinity (nginx, HAProxy, Envoy hash on it): the HTTP header, and the gRPC
+#: metadata key (its lowercase).
+SESSION_ID_HEADER = "X-Session-ID"
+SESSION_ID_METADATA_KEY = SESSION_ID_HEADER.lower()
 #: The `ErrorReason` name of every deliberate failure, as trailing metadata.
 ERROR_REASON_METADATA_KEY = "ors-error-reason"
 #: The standard rich error model (`google.rpc.Status`), as trailing metadata.

@@ -18,7 +18,9 @@ import grpc
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as service_pb2
 from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentServiceStub
 from ors_grpc.protocol import json_text
-from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, ERROR_REASON_METADATA_KEY, SESSION_ID_METADATA_KEY
+from ors_grpc.protocol.constants import (
+    API_KEY_HEADER, API_KEY_METADATA_KEY, ERROR_REASON_METADATA_KEY, SESSION_ID_METADATA_KEY,
+)
 
 __all__ = ["EnvNames", "Metadata", "api_key_of", "call_metadata", "error_reason", "open_channel", "retry_after",
            "secrets_from_header", "with_session_id"]
@@ -64,7 +66,7 @@ def _printable_ascii(value: str) -> bool:
 
 def api_key_of(headers: Mapping[str, str]) -> str:
     """The API key an HTTP request carries: `X-API-Key`, else `Authorization: Bearer KEY` ("" for none)."""
-    api_key = headers.get("X-API-Key") or headers.get("x-api-key")
+    api_key = headers.get(API_KEY_HEADER) or headers.get(API_KEY_METADATA_KEY)
     if api_key:
         return api_key
     scheme, _, token = (headers.get("Authorization") or headers.get("authorization") or "").partition(" ")
@@ -155,7 +157,7 @@ class EnvNames:
         self._by_key: dict[str, tuple[float, list[str]]] = {}
 
     async def get(self, metadata: Metadata) -> list[str]:
-        api_key = dict(metadata).get("x-api-key", "")
+        api_key = dict(metadata).get(API_KEY_METADATA_KEY, "")
         fetched_at, names = self._by_key.get(api_key, (float("-inf"), []))
         if time.monotonic() - fetched_at > self._ttl_s:
             response = await self._stub.ListEnvironments(service_pb2.ListEnvironmentsRequest(), metadata=metadata)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Mapping as MappingType, NamedTuple, Optional
+from typing import Mapping as MappingType, NamedTuple, Optional, Sequence
 
 import grpc
 from google.protobuf import any_pb2
@@ -50,11 +50,16 @@ __all__ = [
     "environment_error",
     "exit_text",
     "http_status_for",
+    "invalid_index",
+    "invalid_index_range",
+    "invalid_split",
     "json_limit",
     "logged_bounded_text",
     "message_too_large",
+    "session_not_found",
     "signal_name",
     "trailing_metadata",
+    "unknown_environment",
 ]
 
 logger = logging.getLogger("ors_grpc.errors")
@@ -292,6 +297,43 @@ def environment_crashed_from_exitcode(exitcode: int, cause: Optional[str] = None
     if exitcode < 0:
         return environment_crashed(cause or CRASH_CAUSE_SIGNAL, signal_number=-exitcode)
     return environment_crashed(cause or CRASH_CAUSE_EXITED, exit_status=exitcode)
+
+
+# Refusals that say what is valid. Each starts with the reference servers' own
+# words (`Invalid split`, `Invalid index`, `Active environment not found`,
+# `unknown environment 'x'`), which clients and scripts may look for, and adds
+# the specifics after them (docs/http-bridge.md, "Differences").
+
+
+def unknown_environment(name: str, hosted: Sequence[str]) -> str:
+    """The text of a refusal naming an environment this server does not host."""
+    return f"unknown environment {name!r}; this server hosts: {', '.join(hosted)}"
+
+
+def invalid_split(split: str, env_name: str, splits: Sequence[str]) -> str:
+    return f"Invalid split: {split!r} is not a split of {env_name} (its splits: {', '.join(splits) or 'none'})"
+
+
+def invalid_index(index: int, split: str, num_tasks: Optional[int]) -> str:
+    """`num_tasks` None: the split's size could not be learned (its environment's `num_tasks` failed)."""
+    if num_tasks is None:
+        return f"Invalid index: {index} is not a task of split {split!r}"
+    if num_tasks == 0:
+        return f"Invalid index: split {split!r} has no tasks"
+    return (f"Invalid index: {index} is out of range for split {split!r}, which has {num_tasks} "
+            f"task{'s' if num_tasks != 1 else ''} (0 to {num_tasks - 1}, or -{num_tasks} to -1 from the end)")
+
+
+def invalid_index_range(split: str, num_tasks: Optional[int]) -> str:
+    if num_tasks is None:
+        return f"Invalid index range for split {split!r}"
+    return f"Invalid index range for split {split!r}, which has {num_tasks} task{'s' if num_tasks != 1 else ''}"
+
+
+def session_not_found(session_id: str) -> ORSError:
+    """No episode lives (or lingers) under `session_id`."""
+    return ORSError(errors_pb2.ERROR_REASON_SESSION_NOT_FOUND,
+                    f"Active environment not found: no open episode has session id {session_id!r}")
 
 
 def message_too_large(what: str, size_bytes: int, limit_bytes: int) -> ORSError:

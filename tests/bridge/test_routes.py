@@ -11,9 +11,14 @@ import aiohttp
 import pytest
 
 from ors_grpc._runtime.tool_calls import EPISODE_FINISHED
+from ors_grpc.protocol.constants import DEFAULT_MAX_MESSAGE_BYTES
 from tests.support.bridge_http import call, create_episode, new_session_id, parse_sse, read_sse
 from tests.support.environments import TEST_TASKS, TRAIN_TASKS
 from tests.support.servers import ServeProcess, start_serve
+
+#: The refusals of a bad split and index: the reference's words first, then what is valid.
+BAD_SPLIT = "Invalid split: 'nope' is not a split of echoenv (its splits: train, test)"
+RANGE = "which has 3 tasks (0 to 2, or -3 to -1 from the end)"
 
 ENVIRONMENTS = ["tests.support.environments:EchoEnv", "tests.support.environments:SlowSetupEnv", "tests.support.environments:FailingSetupEnv"]
 
@@ -71,17 +76,28 @@ async def test_tasks_are_lossless_and_aliases_work(http: aiohttp.ClientSession) 
             assert await response.json() == {"tasks": TRAIN_TASKS[-2:], "env_name": "echoenv"}
 
 
+async def test_a_negative_index_counts_from_the_end_as_in_the_reference(http: aiohttp.ClientSession) -> None:
+    async with http.post("/echoenv/task", json={"split": "train", "index": -1}) as response:
+        assert await response.json() == {"task": TRAIN_TASKS[-1], "env_name": "echoenv"}
+    sid = await create_episode(http, {"split": "test", "index": -2})
+    async with http.get("/echoenv/prompt", headers={"X-Session-ID": sid}) as response:
+        assert (await response.json())[0]["text"] == TEST_TASKS[-2]["question"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "detail"),
     [
-        ("/echoenv/tasks", {"split": "nope"}, 400, "Invalid split"),
-        ("/echoenv/num_tasks", {"split": "nope"}, 400, "Invalid split"),
-        ("/echoenv/task", {"split": "train", "index": 3}, 400, "Invalid index"),
-        ("/echoenv/task", {"split": "train", "index": 2**80}, 400, "Invalid index"),
-        ("/echoenv/task_range", {"split": "nope"}, 400, "Invalid split"),
+        ("/echoenv/tasks", {"split": "nope"}, 400, BAD_SPLIT),
+        ("/echoenv/num_tasks", {"split": "nope"}, 400, BAD_SPLIT),
+        ("/echoenv/task", {"split": "train", "index": 3}, 400, f"Invalid index: 3 is out of range for split 'train', {RANGE}"),
+        ("/echoenv/task", {"split": "train", "index": -4}, 400, f"Invalid index: -4 is out of range for split 'train', {RANGE}"),
+        # Clamped to int64 on the hop (no split has 2^63 tasks).
+        ("/echoenv/task", {"split": "train", "index": 2**80}, 400,
+         f"Invalid index: {2**63 - 1} is out of range for split 'train', {RANGE}"),
+        ("/echoenv/task_range", {"split": "nope"}, 400, BAD_SPLIT),
     ],
 )
-async def test_discovery_errors(http: aiohttp.ClientSession, path: str, body: dict, status: int, detail: str) -> None:
+async def test_discovery_errors_say_what_is_valid(http: aiohttp.ClientSession, path: str, body: dict, status: int, detail: str) -> None:
     async with http.post(path, json=body) as response:
         assert response.status == status
         assert await response.json() == {"detail": detail}
@@ -154,7 +170,8 @@ async def test_full_episode(http: aiohttp.ClientSession) -> None:
         async with http.post(path, headers=headers) as response:
             assert (response.status, await response.json()) == (200, {"sid": sid})
     async with http.post("/ping", headers=headers) as response:
-        assert (response.status, await response.json()) == (404, {"detail": "Active environment not found"})
+        assert (response.status, await response.json()) == (
+            404, {"detail": f"Active environment not found: no open episode has session id {sid!r}"})
 
 
 async def test_episode_from_a_task_spec_keeps_user_json(http: aiohttp.ClientSession) -> None:
@@ -167,9 +184,10 @@ async def test_episode_from_a_task_spec_keeps_user_json(http: aiohttp.ClientSess
 @pytest.mark.parametrize(
     ("body", "status", "detail"),
     [
-        ({"split": "nope", "index": 0}, 400, "Invalid split"),
-        ({"split": "train", "index": 9}, 400, "Invalid index"),
-        ({"env_name": "nope", "split": "train", "index": 0}, 404, "unknown environment 'nope'"),
+        ({"split": "nope", "index": 0}, 400, BAD_SPLIT),
+        ({"split": "train", "index": 9}, 400, f"Invalid index: 9 is out of range for split 'train', {RANGE}"),
+        ({"env_name": "nope", "split": "train", "index": 0}, 404,
+         "unknown environment 'nope'; this server hosts: echoenv, slowsetupenv, failingsetupenv"),
     ],
 )
 async def test_create_errors(http: aiohttp.ClientSession, body: dict, status: int, detail: str) -> None:
@@ -193,7 +211,8 @@ async def test_session_routes_need_a_session_id(http: aiohttp.ClientSession) -> 
 async def test_unknown_session(http: aiohttp.ClientSession) -> None:
     headers = {"X-Session-ID": "never-created"}
     async with http.get("/echoenv/prompt", headers=headers) as response:
-        assert (response.status, await response.json()) == (404, {"detail": "Active environment not found"})
+        assert (response.status, await response.json()) == (
+            404, {"detail": "Active environment not found: no open episode has session id 'never-created'"})
     async with http.post("/echoenv/call", json={"name": "echo", "input": {}}, headers=headers) as response:
         assert response.status == 404
 
@@ -341,12 +360,22 @@ async def test_wrong_field_types_name_the_field(http: aiohttp.ClientSession) -> 
         assert (await response.json())["detail"].startswith("index:")
 
 
-async def test_oversized_bodies_get_413(serve: ServeProcess) -> None:
+async def test_oversized_bodies_get_413_naming_the_limit(serve: ServeProcess) -> None:
+    limit = DEFAULT_MAX_MESSAGE_BYTES
+    big = b'{"split": "' + b"x" * limit + b'"}'
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: refused once the limit is read
+        for start in range(0, len(big), 1 << 20):
+            yield big[start:start + (1 << 20)]
+
     async with aiohttp.ClientSession(base_url=serve.http_url) as http:
-        big = b'{"split": "' + b"x" * (32 * 1024 * 1024) + b'"}'
         async with http.post("/echoenv/tasks", data=big) as response:
-            assert response.status == 413
-            assert "detail" in await response.json()
+            assert (response.status, await response.json()) == (413, {"detail": (
+                f"Request Entity Too Large: the request body is {len(big)} bytes, "
+                f"over the server's body limit of {limit} bytes")})
+        async with http.post("/echoenv/tasks", data=chunked()) as response:
+            assert (response.status, await response.json()) == (413, {"detail": (
+                f"Request Entity Too Large: the request body is over the server's body limit of {limit} bytes")})
 
 
 async def test_unknown_routes_and_methods_answer_json(http: aiohttp.ClientSession) -> None:

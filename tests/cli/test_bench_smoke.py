@@ -105,3 +105,19 @@ def test_bench_callgrind_counts_a_few_episodes_of_this_checkout():
     assert done.returncode == 0, done.stderr[-3000:]
     loop, others, total = (float(figure) for figure in done.stdout.splitlines()[-1].split()[-3:])
     assert loop > 0 and others >= 0 and total == pytest.approx(loop + others, abs=0.002), done.stdout
+
+
+def test_bench_ecosystems_mode_runs_reasoning_gym_through_both_doors_briefly():
+    # OpenEnv's rows run where its extra is (tests/mcp/test_openenv.py); here they say what to install.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--ecosystems", "--workers", "2", "--warmup", "0", "--duration", "0.5",
+         "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line[:20].strip(): line[20:].split() for line in done.stdout.split("## Other ecosystems")[1].splitlines()[2:9]}
+    for label in ("reasoning-gym HTTP", "reasoning-gym gRPC"):
+        assert float(rows[label][0]) > 0 and rows[label][5] == "0", done.stdout
+    assert "first error" not in done.stdout, done.stdout
+    for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv direct, 1", "OpenEnv fronted, 1", "OpenEnv hosted"):
+        assert rows[label][0] == "skipped:" and "ors-grpc[openenv]" in " ".join(rows[label]), done.stdout

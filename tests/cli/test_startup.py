@@ -18,10 +18,11 @@ from typing import Iterator
 import grpc
 import pytest
 
+from ors_grpc import __version__
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.support.extras import MCP_EXTRA_INSTALLED
-from tests.support.servers import ROOT, start_bridge, start_serve
+from tests.support.servers import ROOT, run_serve, start_bridge, start_serve
 
 ORS_GRPC = str(Path(sys.executable).parent / "ors-grpc")
 LISTENING = re.compile(r"^(gRPC|HTTP|metrics) listening on (\S+):(\d+)$")
@@ -112,8 +113,10 @@ def test_a_host_that_is_not_this_machines_is_one_line() -> None:
                     "tests/environments/test_beside_openreward.py shows this where it is not")
 @pytest.mark.parametrize("command", [["serve", "--port", "0"], ["bridge", "--backend", "127.0.0.1:50051"]])
 def test_the_mcp_door_without_the_mcp_extra_is_one_line_naming_the_install_command(command: list[str]) -> None:
+    # This virtualenv has the project installed editable from ROOT: the command says so, runnable from anywhere.
     assert_startup_error(run_cli(*command, "--mcp-port", "0"),
-                         "the MCP door (--mcp-port) needs the mcp extra", "pip install 'ors-grpc[mcp]'")
+                         "the MCP door (--mcp-port) needs the mcp extra, which is not installed (missing: the MCP SDK 'mcp'",
+                         f"): pip install -e '{ROOT}[mcp]'")
 
 
 # Environments ----------------------------------------------------------------
@@ -144,7 +147,7 @@ def test_an_environment_of_the_reference_sdk_is_told_which_import_to_change(tmp_
     [
         ("no_such_module_here:Env", "cannot import 'no_such_module_here': No module named 'no_such_module_here'"),
         ("ors_grpc.examples.arithmetic:Nope", "module 'ors_grpc.examples.arithmetic' has no attribute 'Nope'"),
-        ("just_a_module", "environment must look like module.path:ClassName, got 'just_a_module'"),
+        ("just_a_module", "environment must look like module.path:ClassName or path/to/file.py:ClassName, got 'just_a_module'"),
     ],
 )
 def test_an_environment_that_cannot_be_found_is_one_line(spec: str, message: str) -> None:
@@ -196,6 +199,51 @@ def test_a_missing_dependency_of_the_users_module_shows_where_it_is_imported(tmp
     assert f"No module named '{missing}'" in result.stderr
 
 
+GUESSGAME = """
+    from ors_grpc.examples.arithmetic import Arithmetic
+
+    class GuessGame(Arithmetic):
+        pass
+"""
+
+
+@pytest.mark.parametrize(("spec", "mode"), [
+    ("./guessgame.py:GuessGame", []), ("guessgame.py:GuessGame", []),
+    ("games/guessgame.py:GuessGame", ["--workers", "1"]), ("./guessgame.py:GuessGame", ["--isolation", "episode"]),
+])
+def test_an_environment_named_by_its_file_serves_in_every_mode(tmp_path: Path, spec: str, mode: list[str]) -> None:
+    folder = tmp_path / "games" if spec.startswith("games/") else tmp_path
+    folder.mkdir(exist_ok=True)
+    write_module(folder, "guessgame", GUESSGAME)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    with run_serve([ORS_GRPC, "serve", spec, "--port", "0", *mode], cwd=tmp_path, env=env) as serve:
+        assert next_line(serve, "serving ").startswith("serving guessgame (default): ")
+        with grpc.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            sid = stub.CreateSessionId(pb.CreateSessionIdRequest()).session_id
+            stub.CreateEpisode(pb.CreateEpisodeRequest(
+                session_id=sid, env_name="guessgame", task_index=pb.TaskIndex(split="train", index=0)))
+            prompt = stub.GetPrompt(pb.GetPromptRequest(session_id=sid))  # in a worker: it imported the file too
+            assert "What is" in prompt.blocks[0].text.text
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("./no_such_file.py:Env", "no such file: ./no_such_file.py"),
+        ("./notes.txt:Env", "./notes.txt is not a Python file (a path must end in .py; a module is module.path)"),
+        ("./my-env.py:Env", "./my-env.py: 'my-env' cannot be a module name: rename the file"),
+        ("./json.py:Env", "./json.py: the module name 'json' is already taken by "),
+        ("./guessgame.py:Nope", "./guessgame.py has no attribute 'Nope'"),
+    ],
+)
+def test_a_file_that_cannot_be_served_is_one_line(tmp_path: Path, spec: str, message: str) -> None:
+    for name in ("guessgame", "my-env", "json"):
+        write_module(tmp_path, name, GUESSGAME)
+    (tmp_path / "notes.txt").write_text("")
+    assert_startup_error(run_cli("serve", spec, cwd=tmp_path), message)
+
+
 @pytest.mark.parametrize(("option", "value"), [("--session-timeout", "0"), ("--max-sessions", "-3"),
                                                ("--tool-timeout", "nan"), ("--max-message-bytes", "lots")])
 def test_a_limit_that_is_not_a_positive_number_is_refused(option: str, value: str) -> None:
@@ -244,6 +292,26 @@ def test_a_wildcard_or_malformed_allowed_host_or_origin_is_one_line(command: lis
 
 
 # Options, help, startup lines ------------------------------------------------
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"ors-grpc {__version__}\n", "")
+
+
+@pytest.mark.parametrize(("command", "groups"), [
+    (["serve"], ["options", "environments' code", "doors", "limits", "fleet", "observability"]),
+    (["bridge"], ["options", "backend", "doors", "limits", "observability"]),
+])
+def test_help_is_in_groups_and_says_what_each_limit_does_in_each_mode(command: list[str], groups: list[str]) -> None:
+    text = run_cli(*command, "--help").stdout
+    assert re.findall(r"^([a-z][a-z' ]*):$", text, flags=re.MULTILINE) == groups
+    if command == ["serve"]:
+        entries = option_entries(text)
+        for option in ("--tool-timeout", "--worker-memory-limit", "--worker-stall-limit"):
+            assert "In-process" in entries[option] and "--workers" in entries[option], option
+        assert "With --isolation episode" in entries["--tool-timeout"]
+        assert "path/to/file.py:ClassName" in text
 
 
 def test_an_unknown_option_is_one_line_pointing_at_help() -> None:

@@ -227,3 +227,34 @@ def test_sync_episode_record(client: ORSClient) -> None:
         record = session.episode_record()
     assert record.calls[0].tool_name == "add" and record.calls[0].input == {"a": 1, "b": 2}
     assert client.episode_record(record.session_id).ended == "deleted"
+
+
+@pytest.fixture(scope="module")
+def crashing() -> Iterator[ServeProcess]:
+    """CrashReportEnv: its `crash_in_flight` tool answers as a call whose worker process died under it."""
+    with start_serve("tests.support.crash_report_env:CrashReportEnv") as process:
+        yield process
+
+
+def _assert_crashed(error: ORSServerError) -> None:
+    assert error.reason == "ERROR_REASON_ENVIRONMENT_CRASHED" and error.code.name == "ABORTED"
+    assert "killed by SIGSEGV" in error.message
+
+
+def test_the_call_its_process_died_under_raises_environment_crashed_not_a_tool_failure(crashing: ServeProcess) -> None:
+    with ORSClient(crashing.grpc_target) as client:
+        with client.environment("crashreportenv").session({"id": 0}) as session:
+            with pytest.raises(ORSServerError) as caught:
+                session.call_tool("crash_in_flight")
+    _assert_crashed(caught.value)
+
+
+@pytest.mark.parametrize("stream_episodes", [True, False], ids=["run-episode-stream", "rpc-per-step"])
+async def test_the_async_client_raises_environment_crashed_for_the_call_in_flight(
+        crashing: ServeProcess, stream_episodes: bool) -> None:
+    async with AsyncORSClient(crashing.grpc_target, stream_episodes=stream_episodes) as client:
+        async with client.environment("crashreportenv").session({"id": 0}) as session:
+            for tool in ("crash_in_flight", "crash_in_flight_later"):
+                with pytest.raises(ORSServerError) as caught:
+                    await session.call_tool(tool)
+                _assert_crashed(caught.value)

@@ -114,6 +114,13 @@ def test_warm_episode_and_exactly_once_suites_pass(built: None, tmp_path: Path) 
     assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") > 4, result.stdout
 
 
+def test_the_call_in_flight_when_its_process_dies_is_environment_crashed(built: None) -> None:
+    with start_serve("tests.support.crash_report_env:CrashReportEnv") as serve:
+        result = run_suites(serve, suites("crashreportenv"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert tap_count(result.stdout, "pass") == tap_count(result.stdout, "tests") == 2, result.stdout
+
+
 def test_client_suites_fail_against_a_server_without_echoenv(built: None) -> None:
     with start_serve() as serve:  # only the embedded `arithmetic`
         result = run_suites(serve, ["test/echoenv/episode.test.ts"])

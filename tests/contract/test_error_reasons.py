@@ -1,6 +1,7 @@
 """The one error table: every ErrorReason has its gRPC code and HTTP status,
 and ENVIRONMENT_CRASHED (a dead environment process) is worded and mapped so
-that no standard client retries a call that may have run."""
+that no standard client retries a call that may have run; the call in flight
+when the process dies answers it too, on every door, never as a tool failure."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ors_grpc.protocol.errors import (
     CRASH_CAUSE_KEY, CRASH_CAUSES, CRASH_EXIT_STATUS_KEY, CRASH_SIGNAL_KEY, REASONS, RETRY_AFTER_S,
     environment_crashed, environment_crashed_from_exitcode, http_status_for, trailing_metadata,
 )
+from tests.support.bridge_http import parse_sse
 from tests.support.servers import ServeProcess, start_serve
 
 CRASHED = errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED
@@ -74,12 +76,16 @@ def serve() -> Iterator[ServeProcess]:
         yield process
 
 
+def _grpc_episode(stub: pb_grpc.EnvironmentServiceStub, sid: str) -> None:
+    request = pb.CreateEpisodeRequest(session_id=sid, env_name="crashreportenv")
+    request.task_spec.json = "{}"
+    stub.CreateEpisode(request, timeout=30)
+
+
 def test_a_crash_reaches_grpc_as_aborted_with_its_error_info(serve: ServeProcess) -> None:
     with grpc.insecure_channel(serve.grpc_target) as channel:
         stub = pb_grpc.EnvironmentServiceStub(channel)
-        request = pb.CreateEpisodeRequest(session_id="crashed", env_name="crashreportenv")
-        request.task_spec.json = "{}"
-        stub.CreateEpisode(request, timeout=30)
+        _grpc_episode(stub, "crashed")
         with pytest.raises(grpc.RpcError) as caught:
             stub.GetPrompt(pb.GetPromptRequest(session_id="crashed"), timeout=30)
         stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id="crashed"), timeout=30)
@@ -93,14 +99,19 @@ def test_a_crash_reaches_grpc_as_aborted_with_its_error_info(serve: ServeProcess
     assert dict(info.metadata) == {"cause": "signal", "signal": "SIGSEGV"}
 
 
+async def _http_episode(http: aiohttp.ClientSession) -> dict[str, str]:
+    """A new episode of CrashReportEnv over HTTP: the headers of its calls."""
+    async with http.post("/create_session") as response:
+        headers = {"X-Session-ID": (await response.json())["sid"]}
+    async with http.post("/create", json={"env_name": "crashreportenv", "task_spec": {}},
+                         headers=headers) as response:
+        assert response.status == 200, await response.text()
+    return headers
+
+
 async def test_a_crash_reaches_http_as_410_with_its_message(serve: ServeProcess) -> None:
     async with aiohttp.ClientSession(base_url=serve.http_url) as http:
-        async with http.post("/create_session") as response:
-            sid = (await response.json())["sid"]
-        headers = {"X-Session-ID": sid}
-        async with http.post("/create", json={"env_name": "crashreportenv", "task_spec": {}},
-                             headers=headers) as response:
-            assert response.status == 200, await response.text()
+        headers = await _http_episode(http)
         async with http.get("/crashreportenv/prompt", headers=headers) as response:
             assert response.status == 410
             assert "Retry-After" not in response.headers
@@ -109,3 +120,59 @@ async def test_a_crash_reaches_http_as_410_with_its_message(serve: ServeProcess)
             assert response.status == 200
     assert detail == ("the environment's worker process was killed by SIGSEGV; "
                       "the episode's state is lost: start a new episode")
+
+
+#: What a call in flight answers when its environment's process dies under it (CrashReportEnv's tools).
+CRASHED_IN_FLIGHT = ("the environment's worker process was killed by SIGSEGV; "
+                     "the episode's state is lost: start a new episode")
+
+
+@pytest.mark.parametrize("tool", ["crash_in_flight", "crash_in_flight_later"])
+def test_the_call_in_flight_when_its_process_dies_is_aborted_on_call_tool_and_run_episode(
+        serve: ServeProcess, tool: str) -> None:
+    with grpc.insecure_channel(serve.grpc_target) as channel:
+        stub = pb_grpc.EnvironmentServiceStub(channel)
+        _grpc_episode(stub, f"in-flight-{tool}")
+        request = pb.CallToolRequest(session_id=f"in-flight-{tool}", call={"name": tool})
+        events = []
+        with pytest.raises(grpc.RpcError) as caught:
+            for event in stub.CallTool(request, timeout=30):
+                events.append(event.WhichOneof("event"))
+        assert events == ["task_id"]  # then the status: never a `failure` event
+        assert caught.value.code() == grpc.StatusCode.ABORTED
+        assert caught.value.details() == CRASHED_IN_FLIGHT
+        assert dict(caught.value.trailing_metadata())["ors-error-reason"] == "ERROR_REASON_ENVIRONMENT_CRASHED"
+
+        def steps():
+            create = pb.RunEpisodeRequest()
+            create.create.env_name = "crashreportenv"
+            create.create.task_spec.json = "{}"
+            yield create
+            call = pb.RunEpisodeRequest()
+            call.call_tool.name, call.call_tool.task_id = tool, "in-flight"
+            yield call
+
+        answers = list(stub.RunEpisode(steps(), timeout=30))
+        assert answers[1].WhichOneof("step") == "error", answers[1]
+        error = answers[1].error
+        assert (error.code, error.reason, error.message) == (
+            grpc.StatusCode.ABORTED.value[0], CRASHED, CRASHED_IN_FLIGHT)
+
+
+async def test_the_call_in_flight_when_its_process_dies_is_410_before_the_first_byte_and_an_error_with_its_reason_after(
+        serve: ServeProcess) -> None:
+    async with aiohttp.ClientSession(base_url=serve.http_url) as http:
+        headers = await _http_episode(http)
+        # At once: nothing was sent yet, so the answer is the status itself.
+        async with http.post("/crashreportenv/call", json={"name": "crash_in_flight", "input": {}},
+                             headers=headers) as response:
+            assert response.status == 410 and "Retry-After" not in response.headers
+            assert await response.json() == {"detail": CRASHED_IN_FLIGHT}
+        # Later: the stream has begun (task_id), so an `error` event that carries the reason.
+        async with http.post("/crashreportenv/call", json={"name": "crash_in_flight_later", "input": {}},
+                             headers=headers) as response:
+            assert response.status == 200
+            stream = parse_sse(await response.text())
+        assert stream.names() == ["task_id", "error"]
+        assert stream.data("error") == CRASHED_IN_FLIGHT
+        assert stream.reasons == {"error": "ERROR_REASON_ENVIRONMENT_CRASHED"}

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 
 import pytest
 
-from tests.support.import_graph import GENERATED, PACKAGES, cycles, graph, imports, modules
+from tests.support.import_graph import GENERATED, PACKAGES, ROOT, cycles, graph, imports, modules
 
 DOORS = ("http_bridge", "mcp_bridge")
 COMPOSITION_ROOT = "ors_grpc.serving"
+#: Other ecosystems' environments (each module needs its extra): reached only through
+#: the `ors_grpc.environment_sources` entry points, never imported by the rest.
+ADAPTERS = "ors_grpc.adapters"
 
 
 def _imports_of(prefix: str) -> dict[str, set[str]]:
@@ -44,6 +49,9 @@ def test_only_the_composition_root_imports_a_door() -> None:
     ("ors_grpc.client", ("ors_grpc._runtime", "ors_grpc.authoring.environment", "ors_grpc.serving",
                          "ors_grpc.server", "ors_grpc.cli", *DOORS)),
     ("ors_grpc._runtime", ("ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli", *DOORS)),
+    # An adapter makes environments: it writes against the authoring API, as any author does.
+    (ADAPTERS, ("ors_grpc._runtime", "ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli",
+                *DOORS)),
     # A door translates onto the gRPC service: no session state, so no runtime and no client.
     *((door, ("ors_grpc._runtime", "ors_grpc.client", "ors_grpc.serving", "ors_grpc.server", "ors_grpc.cli"))
       for door in DOORS),
@@ -54,6 +62,24 @@ def test_a_layer_imports_only_what_is_below_it(layer: str, forbidden: tuple[str,
         if any(_within(dep, f) for f in forbidden)
     )
     assert wrong == []
+
+
+def test_nothing_but_the_adapters_imports_an_adapter() -> None:
+    importers = sorted(
+        f"{name} -> {dep}" for name, deps in graph().items() if not _within(name, ADAPTERS)
+        for dep in deps if _within(dep, ADAPTERS)
+    )
+    assert importers == []
+
+
+def test_serving_imports_no_adapter_nor_the_ecosystems_they_need() -> None:
+    # Also what a static reading cannot see (importlib, a lazy import): the modules loaded.
+    probe = ("import sys, ors_grpc, ors_grpc.cli, ors_grpc.serving, ors_grpc.server, ors_grpc.client; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('reasoning_gym', 'openenv') "
+             "or m.startswith('ors_grpc.adapters')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_no_module_takes_another_modules_private_names() -> None:
@@ -74,6 +100,7 @@ def test_the_graph_sees_the_known_edges() -> None:
     assert "http_bridge" in edges[COMPOSITION_ROOT]
     assert "ors_grpc._runtime.sessions" in edges["ors_grpc._runtime.service"]
     assert "ors_grpc.protocol.constants" in edges["ors_grpc.client._connection"]
+    assert "ors_grpc.authoring.environment" in edges["ors_grpc.adapters.reasoning_gym"]
 
 
 AUTHORING = "ors_grpc.authoring"

@@ -2,9 +2,10 @@
 them: it holds openreward, whose sse-starlette pin excludes the MCP SDK
 (pyproject.toml), so they run in a virtualenv of their own with the
 `test-mcp` extra, as a user of the door installs it (`.venv-mcp`, built
-once per pyproject.toml, `pip check` clean), one pytest run a module. Where
-the `mcp` extra is installed, tests/conftest.py collects tests/mcp directly
-instead of this."""
+once per pyproject.toml, `pip check` clean), one pytest run a module. The
+OpenEnv adapter's tests are there too (tests/mcp/test_openenv.py): openenv-core
+needs the same MCP stack. Where the `mcp` extra is installed, tests/conftest.py
+collects tests/mcp directly instead of this."""
 
 from __future__ import annotations
 

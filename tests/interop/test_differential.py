@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 
 from tests.support.differential import (
-    SSE, Check, Step, assert_exceptions_name_real_steps, assert_same_answer, canonical, observe_sse,
+    FIELDS_REASON, SPECIFICS_REASON, SSE, Check, Step, adds_specifics, assert_exceptions_name_real_steps,
+    assert_same_answer, canonical, lists_the_wrong_fields, observe_sse,
 )
 from tests.support.servers import SERVE_APP_ON_A_FREE_PORT, ServeProcess, start_script_server, start_serve
 
@@ -181,7 +182,13 @@ EXCEPTIONS: dict[str, tuple[str, Check]] = {
     "task_tools other env path": (LISTING_REASON, ours_adds_openreward_listing),
     "task_tools without task tools": (LISTING_REASON, ours_adds_openreward_listing),
     "call unknown tool": (REASON_REASON, ours_adds_reason("not_found")),
-    "call bad input": (REASON_REASON, ours_adds_reason("input_validation")),
+    "call bad input": (FIELDS_REASON, lists_the_wrong_fields(
+        "a: Input should be a valid integer, unable to parse string as an integer (got 'x')", "b: Field required")),
+    **{name: (SPECIFICS_REASON, adds_specifics) for name in (
+        "tasks invalid split", "num_tasks invalid split", "task invalid index", "task invalid split",
+        "create unknown env", "create invalid split", "create invalid index",
+        "ping after delete", "prompt after delete", "call after delete",
+    )},
     "version": (
         "GET /version is a spec decision; the reference has no such route (308, then 404)",
         lambda ref, ours: ref["status"] == 308 and ours["status"] == 200 and set(ours["body"]) == {"version"},

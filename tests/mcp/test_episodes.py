@@ -103,6 +103,19 @@ async def test_a_tool_that_raises_is_an_error_result_and_the_episode_goes_on(ser
 
 
 @pytest.mark.parametrize(("mode", "revision"), GENERATIONS)
+async def test_the_call_in_flight_when_its_process_dies_is_an_error_saying_environment_crashed(
+        server, stub, mode, revision):
+    sid = await create_episode(stub)
+    async with Client(episode_url(server, sid), mode=mode) as agent:
+        crashed = await agent.call_tool("crash_in_flight", {})
+    await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=sid))
+
+    assert crashed.is_error and crashed.meta["ors/reason"] == "environment_crashed"  # never `tool_error`
+    assert crashed.content[0].text == ("the environment's worker process was killed by SIGSEGV; "
+                                       "the episode's state is lost: start a new episode")
+
+
+@pytest.mark.parametrize(("mode", "revision"), GENERATIONS)
 async def test_an_episode_that_does_not_exist_is_refused(server, mode, revision):
     with mcp_refusal() as refused:
         async with Client(episode_url(server, "no-such-episode"), mode=mode) as agent:

@@ -84,6 +84,7 @@ def test_the_playground_works_from_its_own_origin_under_another_loopback_name(se
         browser.open("/")
         browser.wait_for_text("#status", "Connected")
         Select(browser.find("#env")).select_by_value("arithmetic")
+        browser.wait(lambda _: browser.find("#start").is_enabled(), "the task form to be ready")
         browser.find("#start").click()
         browser.wait_for("form.tool[data-tool=calculator]", "the calculator tool's form")
         browser.assert_clean()

@@ -38,11 +38,18 @@ def connect(browser: Browser, path: str = "/") -> None:
     browser.wait_for_text("#status", "Connected")
 
 
+def until_the_task_form_is_ready(browser: Browser) -> None:
+    """The form takes a start once its environment's splits are in (until then it says it is loading)."""
+    browser.wait(lambda _: browser.find("#start").is_enabled(), "the task form to be ready")
+
+
 def choose_environment(browser: Browser, name: str) -> None:
     Select(browser.find("#env")).select_by_value(name)
+    until_the_task_form_is_ready(browser)
 
 
 def start_episode(browser: Browser, first_tool: str) -> None:
+    until_the_task_form_is_ready(browser)
     browser.find("#start").click()
     browser.wait_for(f"form.tool[data-tool={first_tool}]", f"the {first_tool} tool's form")
 
@@ -62,6 +69,23 @@ def call(browser: Browser, tool: str, **fields: str) -> None:
 
 def latest_call(browser: Browser) -> str:
     return browser.text(".call-entry")
+
+
+def option_texts(browser: Browser, css: str) -> list[str]:
+    return [option.text for option in Select(browser.find(css)).options]
+
+
+def test_the_lists_say_they_are_loading_until_they_are_filled(browser: Browser) -> None:
+    browser.open("/")
+    # Whenever it is looked at, a list is either filled or says that it is loading: never empty.
+    while "Connected" not in browser.text("#status"):
+        for css in ("#env", "#split"):
+            assert option_texts(browser, css), css
+    until_the_task_form_is_ready(browser)
+    assert option_texts(browser, "#env") == ["arithmetic", "showcase"] and browser.find("#env").is_enabled()
+    assert option_texts(browser, "#split")[0] == "train (train)" and browser.find("#split").is_enabled()
+    assert browser.find("#setup").get_attribute("aria-busy") == "false"
+    browser.assert_clean()
 
 
 def test_an_arithmetic_episode_runs_to_reward_one_and_finished(browser: Browser, tmp_path: Path) -> None:
@@ -205,6 +229,8 @@ def test_the_api_key_is_asked_for_and_kept_in_memory_only(keyed_server: ServePro
         browser.open("/")
         browser.wait_for_text("#status", "This server needs an API key.")
         assert browser.find("#auth").is_displayed()
+        assert option_texts(browser, "#env") == ["needs an API key"] and not browser.find("#env").is_enabled()
+        assert not browser.find("#start").is_enabled()
         browser.find("#api-key").send_keys("wrong")
         browser.find("#auth button").click()
         browser.wait_for_text("#status", "That API key was refused.")

@@ -76,7 +76,8 @@ async def test_abandoned_sessions_are_reaped_with_teardown(tmp_path: Path) -> No
             markers = sorted(path.name for path in tmp_path.iterdir())
             assert markers == ["teardown-grpc-abandoned", "teardown-http-abandoned"]
             async with http.post("/ping", headers={"X-Session-ID": http_sid}) as response:
-                assert (response.status, await response.json()) == (404, {"detail": "Active environment not found"})
+                assert (response.status, await response.json()) == (
+                    404, {"detail": f"Active environment not found: no open episode has session id {http_sid!r}"})
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.Ping(pb.PingRequest(session_id=grpc_sid))
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND

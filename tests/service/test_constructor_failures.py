@@ -79,7 +79,8 @@ async def test_a_rejected_task_spec_fails_create_episode_and_leaves_no_session()
             assert error.details().startswith("ValidationError: 1 validation error for LockerTask\nquestion")
         assert await open_sessions(stub) == 0
         gone = await expect_error(stub.Ping(pb.PingRequest(session_id="v-1")))
-        assert (gone.code(), gone.details()) == (grpc.StatusCode.NOT_FOUND, "Active environment not found")
+        assert (gone.code(), gone.details()) == (
+            grpc.StatusCode.NOT_FOUND, "Active environment not found: no open episode has session id 'v-1'")
         await stub.CreateEpisode(create_request("v-1", "strictenv", {"id": 1, "question": "Open?"}))
         assert (await stub.Ping(pb.PingRequest(session_id="v-1"))).status == "ok"
 

@@ -115,23 +115,36 @@ async def test_unknown_environment_is_not_found(stub) -> None:
     ]:
         error = await expect_error(call)
         assert error.code() == grpc.StatusCode.NOT_FOUND
-        assert error.details() == "unknown environment 'nope'"
+        assert error.details() == "unknown environment 'nope'; this server hosts: echoenv, slowsetupenv, failingsetupenv"
         assert error_reason(error) == "ERROR_REASON_UNKNOWN_ENVIRONMENT"
 
 
-async def test_invalid_split_and_index(stub) -> None:
-    for call in [
-        stub.ListTasks(pb.ListTasksRequest(env_name="echoenv", split="validation")),
-        stub.NumTasks(pb.NumTasksRequest(env_name="echoenv", split="x")),
-        stub.GetTask(pb.GetTaskRequest(env_name="echoenv", split="x", index=0)),
-        stub.GetTaskRange(pb.GetTaskRangeRequest(env_name="echoenv", split="x")),
+async def test_invalid_split_and_index_say_what_is_valid(stub) -> None:
+    for split, call in [
+        ("validation", stub.ListTasks(pb.ListTasksRequest(env_name="echoenv", split="validation"))),
+        ("x", stub.NumTasks(pb.NumTasksRequest(env_name="echoenv", split="x"))),
+        ("x", stub.GetTask(pb.GetTaskRequest(env_name="echoenv", split="x", index=0))),
+        ("x", stub.GetTaskRange(pb.GetTaskRangeRequest(env_name="echoenv", split="x"))),
     ]:
         error = await expect_error(call)
-        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Invalid split")
+        assert (error.code(), error.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT, f"Invalid split: {split!r} is not a split of echoenv (its splits: train, test)")
         assert error_reason(error) == "ERROR_REASON_INVALID_SPLIT"
-    error = await expect_error(stub.GetTask(pb.GetTaskRequest(env_name="echoenv", split="train", index=3)))
-    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Invalid index")
-    assert error_reason(error) == "ERROR_REASON_INVALID_INDEX"
+    for index in (3, -4, 2**62):
+        error = await expect_error(stub.GetTask(pb.GetTaskRequest(env_name="echoenv", split="train", index=index)))
+        assert (error.code(), error.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Invalid index: {index} is out of range for split 'train', which has 3 tasks (0 to 2, or -3 to -1 from the end)")
+        assert error_reason(error) == "ERROR_REASON_INVALID_INDEX"
+
+
+@pytest.mark.parametrize(("env_name", "split"), [("echoenv", "train"), ("indexonlyenv", "eval")])
+async def test_a_negative_index_counts_from_the_end_in_every_environment(env_name: str, split: str) -> None:
+    # As the reference's `tasks[index]`; IndexOnlyEnv's own get_task takes 0 to 2 only: it is given 2.
+    async with serving([EchoEnv, IndexOnlyEnv]) as stub:
+        for index, position in ((-1, 2), (-3, 0)):
+            task = await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=index))
+            assert task == await stub.GetTask(pb.GetTaskRequest(env_name=env_name, split=split, index=position))
 
 
 async def test_index_only_environment() -> None:
@@ -156,7 +169,8 @@ class RangeErrorEnv(IndexOnlyEnv):
 async def test_index_error_in_task_range_is_invalid_index_range() -> None:
     async with serving([RangeErrorEnv]) as stub:
         error = await expect_error(stub.GetTaskRange(pb.GetTaskRangeRequest(env_name="rangeerrorenv", split="eval")))
-        assert (error.details(), error_reason(error)) == ("Invalid index range", "ERROR_REASON_INVALID_INDEX")
+        assert (error.details(), error_reason(error)) == (
+            "Invalid index range for split 'eval', which has 3 tasks", "ERROR_REASON_INVALID_INDEX")
 
 
 def test_environment_without_tools_is_refused() -> None:

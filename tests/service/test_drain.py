@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -136,20 +137,40 @@ async def test_the_drain_timeout_ends_the_episodes_left_and_exits(tmp_path: Path
     assert record.read_text().splitlines() == ["teardown 1"]
 
 
-async def test_a_second_signal_cuts_the_drain_short(tmp_path: Path):
+@pytest.mark.parametrize("begun_by", ["SIGTERM", "ors-grpc drain"])
+async def test_a_second_signal_cuts_the_drain_short_as_the_terminal_and_the_log_say(tmp_path: Path, begun_by: str):
     record = tmp_path / "teardowns.txt"
     env = {"ORS_TEST_TEARDOWN_FILE": str(record)}
-    with start_serve(TEARDOWN_ENV, env=env) as serve:  # the default drain timeout: 300 s
+    with open(tmp_path / "stderr.txt", "w") as log, start_serve(TEARDOWN_ENV, env=env, stderr=log) as serve:
         async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
             stub = pb_grpc.EnvironmentServiceStub(channel)
             sid = await create_episode(stub, "teardownrecordingenv", index=0)
             await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-            serve.proc.send_signal(signal.SIGTERM)
+            if begun_by == "SIGTERM":
+                serve.proc.send_signal(signal.SIGTERM)
+            else:
+                assert drain_command(serve.grpc_target).wait(EXIT_WAIT_S) == 0
             await until_not_serving(channel)
             await stub.GetPrompt(pb.GetPromptRequest(session_id=sid))  # served while draining
-            serve.proc.send_signal(signal.SIGTERM)
+            said = await asyncio.get_running_loop().run_in_executor(None, next_line_saying, serve, "draining: ")
+            # The default drain timeout: 300 s.
+            assert re.fullmatch(r"draining: 1 episodes open, served for up to (300|299) s while new ones are refused; "
+                                r"to stop at once, press Ctrl-C \(SIGINT\) or send a second SIGTERM", said), said
+            # After a SIGTERM, another one; after `ors-grpc drain`, Ctrl-C (its first SIGTERM only drains).
+            serve.proc.send_signal(signal.SIGTERM if begun_by == "SIGTERM" else signal.SIGINT)
             assert await exit_status(serve) == 0
     assert record.read_text().splitlines() == ["teardown 0"]
+    [started] = [line for line in (tmp_path / "stderr.txt").read_text().splitlines() if "drain_started" in line]
+    assert started.endswith('drain_started open_sessions=1 timeout_s=300 '
+                            'stop_at_once="press Ctrl-C (SIGINT) or send a second SIGTERM"'), started
+
+
+def next_line_saying(serve: ServeProcess, prefix: str) -> str:
+    while True:
+        line = serve.lines.get(timeout=WAIT_S)
+        assert line is not None, "the server exited"
+        if line.startswith(prefix):
+            return line
 
 
 def drain_command(*args: str) -> subprocess.Popen[str]:

@@ -76,7 +76,7 @@ async def test_unary_errors_carry_the_same_code_details_and_reason():
     async with stubs() as s:
         unknown_env = [await failure_of(stub.ListSplits(pb.ListSplitsRequest(env_name="nope"))) for stub in s.both]
         assert unknown_env[0] == unknown_env[1]
-        assert unknown_env[0] == (grpc.StatusCode.NOT_FOUND, "unknown environment 'nope'",
+        assert unknown_env[0] == (grpc.StatusCode.NOT_FOUND, "unknown environment 'nope'; this server hosts: echoenv, slowsetupenv, failingsetupenv",
                                   "ERROR_REASON_UNKNOWN_ENVIRONMENT")
         no_session = [await failure_of(stub.Ping(pb.PingRequest(session_id="missing"))) for stub in s.both]
         assert no_session[0] == no_session[1]

@@ -150,7 +150,8 @@ async def test_unknown_session_is_not_found(stub) -> None:
         stub.Ping(pb.PingRequest(session_id="nope")),
     ]:
         error = await expect_error(call)
-        assert (error.code(), error.details()) == (grpc.StatusCode.NOT_FOUND, "Active environment not found")
+        assert (error.code(), error.details()) == (
+            grpc.StatusCode.NOT_FOUND, "Active environment not found: no open episode has session id 'nope'")
         assert error_reason(error) == "ERROR_REASON_SESSION_NOT_FOUND"
 
 
@@ -188,10 +189,12 @@ async def test_create_episode_errors(stub) -> None:
     cases = [
         (dict(session_id=sid, task_index=index), "ERROR_REASON_SESSION_EXISTS", "Session already exists"),
         (dict(session_id="s", env_name="nope", task_index=index),
-         "ERROR_REASON_UNKNOWN_ENVIRONMENT", "unknown environment 'nope'"),
-        (dict(session_id="s", task_index=pb.TaskIndex(split="x")), "ERROR_REASON_INVALID_SPLIT", "Invalid split"),
-        (dict(session_id="s", task_index=pb.TaskIndex(split="train", index=9)),
-         "ERROR_REASON_INVALID_INDEX", "Invalid index"),
+         "ERROR_REASON_UNKNOWN_ENVIRONMENT", "unknown environment 'nope'; this server hosts: " + ", ".join(
+             env.__name__.lower() for env in ENVS)),
+        (dict(session_id="s", task_index=pb.TaskIndex(split="x")), "ERROR_REASON_INVALID_SPLIT",
+         "Invalid split: 'x' is not a split of echoenv (its splits: train, test)"),
+        (dict(session_id="s", task_index=pb.TaskIndex(split="train", index=9)), "ERROR_REASON_INVALID_INDEX",
+         "Invalid index: 9 is out of range for split 'train', which has 3 tasks (0 to 2, or -3 to -1 from the end)"),
         (dict(session_id="s"), "ERROR_REASON_INVALID_REQUEST", None),
         (dict(session_id="s", task_spec_json="{not json"), "ERROR_REASON_INVALID_REQUEST", None),
         (dict(session_id="s", task_spec_json="[1, 2]"), "ERROR_REASON_INVALID_REQUEST", None),

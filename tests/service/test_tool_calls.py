@@ -120,7 +120,13 @@ async def test_tool_results_and_tool_level_errors(stub) -> None:
     _, event = await call_tool(stub, sid, "nope", {})
     assert event.result.error == "'nope' is not a valid tool"
     _, event = await call_tool(stub, sid, "add", {"a": "x"})
-    assert event.result.error.startswith("Tool input validation error: ")
+    # The reference's words first, then one line per wrong field, what was sent quoted back.
+    assert event.result.error == ("Tool input validation error:\n"
+                                  "a: Input should be a valid integer, unable to parse string as an integer (got 'x')\n"
+                                  "b: Field required")
+    assert event.result.reason == types_pb2.RUN_TOOL_ERROR_REASON_INPUT_VALIDATION
+    _, event = await call_tool(stub, sid, "add", {"a": 1, "b": [1, 2]})
+    assert event.result.error == "Tool input validation error: b: Input should be a valid integer (got [1, 2])"
     _, event = await call_tool(stub, sid, "count")  # no input at all means {}
     assert event.result.output.blocks[0].text.text == "counted"
 

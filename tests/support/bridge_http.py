@@ -15,6 +15,8 @@ class SSEStream:
 
     events: list[tuple[str, str]] = field(default_factory=list)
     comments: list[str] = field(default_factory=list)
+    #: The `reason:` field of events that carry one (an `error` standing for a status), by event name.
+    reasons: dict[str, str] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return [name for name, _ in self.events]
@@ -29,13 +31,15 @@ class SSEStream:
 
 def parse_sse(text: str) -> SSEStream:
     stream = SSEStream()
-    name, data = None, []
+    name, data, reason = None, [], None
     for line in text.split("\n"):
         line = line.rstrip("\r")
         if not line:
             if name is not None:
                 stream.events.append((name, "\n".join(data)))
-            name, data = None, []
+                if reason is not None:
+                    stream.reasons[name] = reason
+            name, data, reason = None, [], None
         elif line.startswith(":"):
             stream.comments.append(line[1:].strip())
         else:
@@ -45,6 +49,8 @@ def parse_sse(text: str) -> SSEStream:
                 name = value
             elif key == "data":
                 data.append(value)
+            elif key == "reason":
+                reason = value
     return stream
 
 

@@ -44,6 +44,41 @@ def observe_sse(text: str) -> dict:
     }
 
 
+#: Why an answer may add specifics (docs/http-bridge.md, "Errors").
+SPECIFICS_REASON = "refusals say what is valid after the reference's words (docs/http-bridge.md)"
+#: Why a tool input error may differ.
+FIELDS_REASON = "tool input errors list the wrong fields one per line, after the reference's words, with the reason"
+
+
+def _detail(observation: dict) -> str:
+    body = observation["body"]
+    return body["errors"][0] if "errors" in body else body["detail"]
+
+
+def adds_specifics(reference: dict, ours: dict) -> bool:
+    """The same status and headers; our detail is the reference's words, then what is valid after `: ` or `; `."""
+    ref_detail, our_detail = _detail(reference), _detail(ours)
+    same_rest = {k: v for k, v in reference.items() if k not in ("body", "text")} == {
+        k: v for k, v in ours.items() if k not in ("body", "text")}
+    return same_rest and our_detail != ref_detail and any(
+        our_detail.startswith(ref_detail + separator) for separator in (": ", "; "))
+
+
+def lists_the_wrong_fields(*lines: str) -> Check:
+    """A refused tool input: the reference's pydantic list, ours `lines` (one per wrong field), with the reason."""
+    expected = "Tool input validation error:" + (f" {lines[0]}" if len(lines) == 1 else "".join(f"\n{line}" for line in lines))
+
+    def check(reference: dict, ours: dict) -> bool:
+        ref_result, our_result = reference["body"]["result"], ours["body"]["result"]
+        rest = {k: v for k, v in our_result.items() if k not in ("error", "reason")}
+        return (reference["status"] == ours["status"] and our_result.get("reason") == "input_validation"
+                and ref_result["error"].startswith("Tool input validation error: [{")
+                and our_result["error"] == expected
+                and rest == {k: v for k, v in ref_result.items() if k not in ("error", "reason")})
+
+    return check
+
+
 def assert_exceptions_name_real_steps(scenario: list[Step], exceptions: dict[str, tuple[str, Check]]) -> None:
     names = [step.name for step in scenario]
     assert len(names) == len(set(names))

@@ -52,6 +52,10 @@ class EpisodeDoor(Protocol):
     async def expect_refused(self, sid: str, expected: ORSError) -> None:
         """Assert the episode's prompt is refused with `expected`, as this door translates it."""
 
+    async def expect_call_answered(self, sid: str, tool: str, expected: ORSError) -> None:
+        """Run `tool` and assert the call ends with the status `expected`, as this door
+        translates it (HTTP: a status before the first byte, an `error` event with its reason after)."""
+
     async def try_create(self, tag: str) -> Optional[str]:
         """`create`, or None when it is refused to be retried later (ENVIRONMENT_STARTING: no process is up)."""
 
@@ -84,7 +88,13 @@ class GrpcDoor:
         return False
 
     async def expect_refused(self, sid: str, expected: ORSError) -> None:
-        error = await self._rpc_error(self._stub.GetPrompt(pb.GetPromptRequest(session_id=sid)))
+        self._check(await self._rpc_error(self._stub.GetPrompt(pb.GetPromptRequest(session_id=sid))), expected)
+
+    async def expect_call_answered(self, sid: str, tool: str, expected: ORSError) -> None:
+        self._check(await self._rpc_error(grpc_call(self._stub, sid, tool)), expected)
+
+    @staticmethod
+    def _check(error: grpc.aio.AioRpcError, expected: ORSError) -> None:
         assert error.code() == expected.code, error
         assert error.details() == expected.message, error.details()
         trailers = dict(error.trailing_metadata() or ())
@@ -145,6 +155,18 @@ class HttpDoor:
             body = await response.json()
             assert body == {"detail": expected.message}, body
             assert "Retry-After" not in response.headers  # the call may have run: nothing retries it
+
+    async def expect_call_answered(self, sid: str, tool: str, expected: ORSError) -> None:
+        body = {"name": tool, "input": {}}
+        async with self._http.post(f"/{self._env_name}/call", json=body, headers={"X-Session-ID": sid}) as response:
+            if response.status != 200:  # answered before the first byte
+                assert response.status == REASONS[expected.reason].http_status, await response.text()
+                assert await response.json() == {"detail": expected.message}
+                return
+            stream = await read_sse(response)
+        assert stream.names() == ["task_id", "error"], stream
+        assert stream.data("error") == expected.message
+        assert stream.reasons["error"] == errors_pb2.ErrorReason.Name(expected.reason)
 
     async def try_create(self, tag: str) -> Optional[str]:
         async with self._http.post("/create_session") as response:

@@ -1,11 +1,15 @@
 """The environment the MCP door's tests serve: the test toolbox (`EchoEnv`:
-add, image, sleep, submit, ...) with a terminal tool and a conversation."""
+add, image, sleep, submit, ...) with a terminal tool, a conversation, and a
+tool answering as a call whose worker process died under it."""
 
 from __future__ import annotations
 
 import asyncio
 
+import signal
+
 from ors_grpc import Message, TextBlock, ToolOutput, terminal, tool
+from ors_grpc.protocol.errors import environment_crashed_from_exitcode
 from tests.support.environments import EchoEnv, SubmitInput
 
 #: The task the orchestrator creates in these tests.
@@ -30,3 +34,8 @@ class McpEnv(EchoEnv):
         correct = params.answer.strip() == self.task_spec.get("answer")
         return ToolOutput(blocks=[TextBlock(text="correct" if correct else "wrong")],
                           reward=1.0 if correct else 0.0, finished=True)
+
+    @tool
+    def crash_in_flight(self) -> ToolOutput:
+        """Answers as a call whose worker process died under it (CrashReportEnv's)."""
+        raise environment_crashed_from_exitcode(-signal.SIGSEGV)

@@ -1,18 +1,30 @@
 """The environment of the scale-out tests: every tool output names the backend process that ran it.
 
-`metadata.pid` is the backend's process id, so a test can see, from results
+`metadata.pid` is the backend's process id (the server's, also when the
+tool runs in one of its worker processes), so a test can see, from results
 alone, which backend answered each call of a session.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
+import psutil
 from pydantic import BaseModel
 
 from ors_grpc import Environment, Split, TextBlock, ToolOutput, tool
 
 TASKS = [{"a": index, "b": 2 * index + 1} for index in range(20)]
+
+
+@functools.lru_cache(maxsize=1)
+def backend_pid() -> int:
+    """The serving process: this one, or, in a worker or an episode process (and the template it
+    was forked from), the server above it."""
+    process = psutil.Process()
+    while "ors_grpc._runtime.workers" in " ".join(process.cmdline()):
+        process = process.parent()
+    return process.pid
 
 
 class AddInput(BaseModel):
@@ -41,7 +53,7 @@ class WhoAmI(Environment):
     @tool
     def add(self, params: AddInput) -> ToolOutput:
         """Add two integers."""
-        return ToolOutput(blocks=[TextBlock(text=str(params.a + params.b))], metadata={"pid": os.getpid()})
+        return ToolOutput(blocks=[TextBlock(text=str(params.a + params.b))], metadata={"pid": backend_pid()})
 
     @tool
     def submit(self, params: AnswerInput) -> ToolOutput:
@@ -51,5 +63,5 @@ class WhoAmI(Environment):
             blocks=[TextBlock(text="correct" if correct else "wrong")],
             reward=1.0 if correct else 0.0,
             finished=True,
-            metadata={"pid": os.getpid()},
+            metadata={"pid": backend_pid()},
         )

@@ -68,19 +68,21 @@ def _pump(stream, lines: "queue.Queue[str | None]") -> None:
 
 
 @contextmanager
-def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = None) -> Iterator[ServeProcess]:
+def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = None,
+                startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[ServeProcess]:
     """Start `python -m ors_grpc.cli serve --port 0 *args` and wait until it
-    listens; its stderr goes to `stderr` (a file), else to the test's."""
+    listens (`startup_timeout_s` at most between its lines); its stderr goes to
+    `stderr` (a file), else to the test's."""
     process_env = {**os.environ, **(env or {})}
     process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args, *_extra_serve_args()]
-    with run_serve(command, cwd=ROOT, env=process_env, stderr=stderr) as serve:
+    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args, *extra_serve_args()]
+    with run_serve(command, cwd=ROOT, env=process_env, stderr=stderr, startup_timeout_s=startup_timeout_s) as serve:
         yield serve
 
 
 @contextmanager
 def run_serve(command: Sequence[str], *, cwd: Path, env: Mapping[str, str],
-              stderr: Any = None) -> Iterator[ServeProcess]:
+              stderr: Any = None, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[ServeProcess]:
     """Start a `serve` `command` (any `ors-grpc serve`, as from another virtualenv)
     and wait until it listens on the doors it asks for; stop it after."""
     wants_http, wants_mcp = "--http-port" in command, "--mcp-port" in command
@@ -88,17 +90,18 @@ def run_serve(command: Sequence[str], *, cwd: Path, env: Mapping[str, str],
     serve = ServeProcess(proc)
     threading.Thread(target=_pump, args=(proc.stdout, serve.lines), daemon=True).start()
     try:
-        _wait_listening(serve, wants_http, wants_mcp)
+        _wait_listening(serve, wants_http, wants_mcp, startup_timeout_s)
         yield serve
     finally:
         serve.stop()
 
 
-def _wait_listening(serve: ServeProcess, wants_http: bool, wants_mcp: bool = False) -> None:
+def _wait_listening(serve: ServeProcess, wants_http: bool, wants_mcp: bool = False,
+                    startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
     while serve.grpc_target is None or (wants_http and serve.http_url is None) or (
             wants_mcp and serve.mcp_url is None):
         try:
-            line = serve.lines.get(timeout=STARTUP_TIMEOUT_S)
+            line = serve.lines.get(timeout=startup_timeout_s)
         except queue.Empty:
             raise RuntimeError("ors-grpc serve did not start listening in time") from None
         if line is None:
@@ -135,7 +138,7 @@ def start_bridge(backend_target: str, *args: str, env: Mapping[str, str] | None 
         bridge.stop()
 
 
-def _extra_serve_args() -> list[str]:
+def extra_serve_args() -> list[str]:
     """`ORS_TEST_SERVE_ARGS`, split: arguments every `serve` started here gets
     too, to run the tests again in another mode (`--workers 2`, `--isolation
     episode`)."""
@@ -150,7 +153,7 @@ def run_cli_logging_to(log: Path, *arguments: str) -> Iterator[dict[str, str]]:
     the process id as "pid"."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as output:
-        extra = _extra_serve_args() if arguments[0] == "serve" else []
+        extra = extra_serve_args() if arguments[0] == "serve" else []
         proc = subprocess.Popen([sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", *arguments, *extra],
                                 cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
     try:

@@ -88,3 +88,29 @@ def test_worker_count_auto_is_the_cpus_and_zero_is_refused() -> None:
     assert worker_count("auto") >= 1
     with pytest.raises(ValueError):
         worker_count("0")
+
+
+def test_shared_a_stalled_process_gets_no_new_episode_while_it_is_stalled() -> None:
+    table = _table((1, READY, 0, True), (2, READY, 7, True))
+    idle_but_stalled = {1}
+    placement = SharedPlacement(2)
+
+    def stalled(process) -> bool:
+        return process.worker_id in idle_but_stalled
+
+    assert placement.for_episode(table, stalled=stalled).worker_id == 2  # the busier one, which answers
+    assert placement.for_catalog(table, stalled=stalled).worker_id == 2
+    idle_but_stalled.add(2)
+    assert placement.for_episode(table, stalled=stalled) is None
+    assert not placement.serving(table, can_spawn=True, stalled=stalled)
+    assert placement.serving(table, can_spawn=True)  # up, and serving again once its loop runs
+    idle_but_stalled.clear()
+    assert placement.for_episode(table, stalled=stalled).worker_id == 1
+
+
+def test_per_episode_a_stalled_idle_process_is_not_claimed() -> None:
+    table = _table((1, READY, 0, True), (2, READY, 0, True))
+    placement = EpisodePlacement(2)
+    assert placement.for_episode(table, can_spawn=True, stalled=lambda p: p.worker_id == 1).worker_id == 2
+    assert placement.for_episode(table, can_spawn=True, stalled=lambda p: True) == SPAWN
+    assert placement.for_catalog(table, stalled=lambda p: True) is None

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ors_grpc._runtime.workers.watchdog import HELD, SILENT, Watchdog, heartbeat_interval_s, stall_verdict
+from ors_grpc._runtime.workers.watchdog import (
+    HELD, SILENT, Watchdog, heartbeat_interval_s, loop_stalled, stall_verdict,
+)
 from ors_grpc.protocol.errors import CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_STALLED
 from tests.workers._fakes import worker_process
 
@@ -95,3 +97,21 @@ def test_the_memory_limit() -> None:
 def test_nothing_to_watch_means_no_tick_is_due() -> None:
     assert Watchdog(stall_limit_s=0.0, memory_limit_bytes=None).next_due(10.0) is None
     assert Watchdog(stall_limit_s=2.0, memory_limit_bytes=None).next_due(10.0) == 10.5
+
+
+@pytest.mark.parametrize("held_s, silent_s, stalled", [
+    (0.0, 0.0, False),
+    (0.7, 1.1, False),  # what load makes (docs/workers.md): a loaded worker still takes episodes
+    (2.1, 0.5, True),  # one callback has held the loop past two heartbeat periods
+    (0.0, 30.0, False),  # silence alone does not: heartbeats read late by a busy server would look so
+])
+def test_a_worker_whose_loop_is_held_takes_no_new_episode_long_before_it_is_killed(
+        held_s: float, silent_s: float, stalled: bool) -> None:
+    assert loop_stalled(held_s, heartbeat_interval_s(60.0)) is stalled
+    process, watchdog = _watched(60.0, held_s=held_s)
+    assert watchdog.stalled(process) is stalled
+    assert stall_verdict(held_s, silent_s, 60.0) is None  # and not killed: far from the limit
+
+
+def test_without_a_stall_limit_no_worker_is_ever_stalled() -> None:
+    assert not loop_stalled(1e6, heartbeat_interval_s(0.0))

@@ -12,12 +12,13 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import aiohttp
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
@@ -37,6 +38,7 @@ STALL_LIMIT = "2"
 STALLED = "the environment's worker process was killed because its event loop stalled (SIGKILL)"
 #: A blocking call that only the kill ends.
 FOREVER = {"seconds": 3600}
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 #: How long the load test keeps every episode busy: several stall limits.
 LOAD_S = 4 * float(STALL_LIMIT)
 
@@ -69,17 +71,16 @@ class GrpcDoor:
         blocks = result.result.output.blocks
         return (blocks[0].text.text if blocks else ""), json.loads(result.result.output.metadata.json or "{}")
 
-    async def failure(self, sid: str, tool: str, tool_input: dict | None = None) -> str:
-        """A call that fails: its failure's message."""
-        result = (await grpc_call(self.stub, sid, tool, tool_input))[-1]
-        assert result.HasField("failure"), result
-        return result.failure.message
+    async def crashed_call(self, sid: str, tool: str, tool_input: dict | None = None) -> tuple[str, dict[str, str]]:
+        """A call whose process is killed under it, answered as crashed: its message and ErrorInfo metadata."""
+        return self._crash(await _rpc_error(grpc_call(self.stub, sid, tool, tool_input)))
 
     async def refusal(self, sid: str) -> tuple[str, dict[str, str]]:
         """The episode's next call, refused as crashed: its message and ErrorInfo metadata."""
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await self.stub.GetPrompt(pb.GetPromptRequest(session_id=sid))
-        error = caught.value
+        return self._crash(await _rpc_error(self.stub.GetPrompt(pb.GetPromptRequest(session_id=sid))))
+
+    @staticmethod
+    def _crash(error: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
         trailers = dict(error.trailing_metadata() or ())
         assert (error.code(), trailers[ERROR_REASON_METADATA_KEY]) == (
             grpc.StatusCode.ABORTED, "ERROR_REASON_ENVIRONMENT_CRASHED")
@@ -100,6 +101,18 @@ class HttpDoor:
     async def episode(self, tag: str) -> str:
         return await http_episode(self.http, tag, env_name=ENV_NAME)
 
+    async def crashed_call(self, sid: str, tool: str, tool_input: dict | None = None) -> tuple[str, dict[str, str]]:
+        """A call whose process is killed under it: 410 before the first byte, else an `error` event
+        with the reason; its message (HTTP carries no metadata)."""
+        body = {"name": tool, "input": tool_input or {}}
+        async with self.http.post(f"/{ENV_NAME}/call", json=body, headers={"X-Session-ID": sid}) as response:
+            if response.status != 200:
+                assert response.status == 410, await response.text()
+                return (await response.json())["detail"], {}
+            stream = await read_sse(response)
+        assert stream.names() == ["task_id", "error"] and stream.reasons["error"] == "ERROR_REASON_ENVIRONMENT_CRASHED"
+        return stream.data("error"), {}
+
     async def _call(self, sid: str, tool: str, tool_input: dict | None):
         body = {"name": tool, "input": tool_input or {}}
         async with self.http.post(f"/{ENV_NAME}/call", json=body, headers={"X-Session-ID": sid}) as response:
@@ -110,9 +123,6 @@ class HttpDoor:
         output = (await self._call(sid, tool, tool_input)).result()["output"]
         blocks = output["blocks"]
         return (blocks[0]["text"] if blocks else ""), output.get("metadata") or {}
-
-    async def failure(self, sid: str, tool: str, tool_input: dict | None = None) -> str:
-        return (await self._call(sid, tool, tool_input)).data("error")
 
     async def refusal(self, sid: str) -> tuple[str, dict[str, str]]:
         """The episode's next call, refused as crashed (410): its detail (HTTP carries no metadata)."""
@@ -137,6 +147,12 @@ async def pid_of(door: GrpcDoor | HttpDoor, sid: str) -> int:
 
 async def runs_of(door: GrpcDoor | HttpDoor, sid: str) -> dict[str, int]:
     return (await door.output(sid, "stats"))[1]["runs"]
+
+
+async def _rpc_error(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
 
 
 def assert_stalled(refusal: tuple[str, dict[str, str]]) -> None:
@@ -172,8 +188,8 @@ async def test_a_worker_whose_event_loop_stalls_is_killed_and_replaced_and_no_ot
             assert doomed_pid != healthy_pid  # one episode per worker
             assert (await door.output(healthy, "echo_tag"))[0] == "healthy"
 
-            # No tool timeout: the stall limit ends the call, naming the stall; so does every later call.
-            assert STALLED in await door.failure(doomed, tool, tool_input)
+            # No tool timeout: the stall limit ends the call (as crashed, naming the stall); so does every later call.
+            assert_stalled(await door.crashed_call(doomed, tool, tool_input))
             assert_stalled(await door.refusal(doomed))
 
             # The episode in the other worker lost nothing: same process, same state.
@@ -216,7 +232,7 @@ async def test_c_code_holding_the_gil_is_a_stall_too(tmp_path: Path) -> None:
         async with doors(serve) as door:
             doomed = await door["grpc"].episode("doomed")
             # A sync tool (in a user-code thread) whose regex never lets the GIL go: the whole process stops.
-            assert STALLED in await door["grpc"].failure(doomed, "hold_the_gil")
+            assert_stalled(await door["grpc"].crashed_call(doomed, "hold_the_gil"))
             assert_stalled(await door["grpc"].refusal(doomed))
 
     [killed] = log_lines(log, "worker_killed")
@@ -232,7 +248,7 @@ async def test_with_episode_isolation_a_stall_costs_exactly_its_own_episode(tmp_
             neighbour_pid = await pid_of(door["grpc"], neighbour)
             assert await pid_of(door["http"], doomed) != neighbour_pid
 
-            assert STALLED in await door["http"].failure(doomed, "spin_loop")
+            assert_stalled(await door["http"].crashed_call(doomed, "spin_loop"))
             assert_stalled(await door["http"].refusal(doomed))
             assert_stalled(await door["grpc"].refusal(doomed))
 
@@ -286,3 +302,31 @@ async def test_load_alone_never_trips_the_stall_limit(tmp_path: Path) -> None:
                 assert await runs_of(door[name], sid) == {"echo_tag": 1}
         assert children(serve.proc.pid) == workers
     assert log_lines(log, "worker_killed") == [] and log_lines(log, "level=ERROR") == []
+
+
+async def test_new_episodes_go_around_a_worker_whose_loop_is_held(tmp_path: Path) -> None:
+    """Long before the stall limit (the default here), a worker whose loop one call holds takes no
+    new episode: with it the only worker, health says NOT_SERVING and creations are refused, to be
+    retried, rather than sent to wait behind the stall; once its loop runs again, it takes them."""
+    log = tmp_path / "serve.log"
+    with serve_stalls(log, "--workers", "1", stall_limit="60") as serve:
+        async with doors(serve) as door, grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub, health = pb_grpc.EnvironmentServiceStub(channel), health_pb2_grpc.HealthStub(channel)
+            busy = await door["grpc"].episode("busy")
+            worker_pid = await pid_of(door["grpc"], busy)
+            held = asyncio.ensure_future(door["grpc"].output(busy, "block_loop", {"seconds": 12}))
+            await eventually(lambda: _health_is(health, NOT_SERVING), "health to say the one worker is stalled")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await grpc_episode(stub, "refused", env_name=ENV_NAME)
+            trailers = dict(refused.value.trailing_metadata() or ())
+            assert trailers[ERROR_REASON_METADATA_KEY] == "ERROR_REASON_ENVIRONMENT_STARTING"
+            assert "stalled" in refused.value.details()
+            assert (await held)[0] == "slept"  # its own call went on: nothing was killed
+            await eventually(lambda: _health_is(health, SERVING), "health to say the worker serves again")
+            fresh = await door["grpc"].episode("fresh")
+            assert await pid_of(door["grpc"], fresh) == worker_pid
+    assert log_lines(log, "worker_killed") == []
+
+
+async def _health_is(health: health_pb2_grpc.HealthStub, status: int) -> bool:
+    return (await health.Check(health_pb2.HealthCheckRequest())).status == status

@@ -1,6 +1,7 @@
 """`ors-grpc serve --workers N`: environments' code runs in worker processes
 the server supervises; an episode lives in one worker for its whole life.
-Faults (crashes, kills, timeouts, memory, crash loops) are in `test_worker_faults.py`."""
+Faults (crashes, kills, timeouts, memory, crash loops) are in `test_worker_faults.py`; the default
+mode, and the classes workers load from the serving script, in `test_contained_by_default.py`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -67,39 +67,6 @@ async def test_episodes_live_in_worker_processes_spread_over_the_workers(tmp_pat
                 assert response.status == 200, await response.text()
             # Teardown ran in the workers.
             assert sorted(path.name for path in tmp_path.iterdir()) == ["teardown-first", "teardown-second"]
-
-
-def test_an_environment_defined_in_main_cannot_be_served_by_workers_and_says_so(tmp_path: Path) -> None:
-    script = tmp_path / "serve_main.py"
-    script.write_text(textwrap.dedent("""
-        from ors_grpc import Environment, Server, TextBlock, ToolOutput, tool
-        from ors_grpc.server import ServerConfig
-
-        class MainEnv(Environment):
-            @classmethod
-            def list_splits(cls):
-                return ["train"]
-
-            @classmethod
-            def list_tasks(cls, split):
-                return [{}]
-
-            def get_prompt(self):
-                return [TextBlock(text="hi")]
-
-            @tool
-            def noop(self) -> ToolOutput:
-                '''Nothing.'''
-                return ToolOutput(blocks=[])
-
-        if __name__ == "__main__":
-            Server([MainEnv], config=ServerConfig(workers=2)).run(host="127.0.0.1", port=0, grpc_port=0)
-    """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
-    assert done.returncode == 2, done.stderr
-    assert "environment 'MainEnv' is defined in __main__" in done.stderr
-    assert "serve MODULE:CLASS" in done.stderr
 
 
 def test_an_ors_error_raised_by_environment_code_crosses_the_hop_as_it_is() -> None:

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any, Callable
 
+import grpc
 import pytest
 
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
@@ -112,7 +113,9 @@ async def test_with_episode_isolation_each_episode_process_is_a_worker_and_its_p
 
             # A process that crashes under its episode is a restart, by its cause.
             doomed = await grpc_episode(stub, "doomed", env_name=ENV_NAME)
-            await grpc_call(stub, doomed, "exit_process")
+            with pytest.raises(grpc.aio.AioRpcError) as in_flight:  # answered ENVIRONMENT_CRASHED
+                await grpc_call(stub, doomed, "exit_process")
+            assert in_flight.value.code() == grpc.StatusCode.ABORTED
             samples = await scrape_until(url, lambda s: "2" not in by_worker(s, "ors_worker_episodes"),
                                          "the crashed process's series to go")
             assert restarts(samples) == no_restarts_but(**{CRASH_CAUSE_EXITED: 1})

@@ -79,7 +79,10 @@ export class ToolCallError extends ToolError {
   }
 }
 
-/** The tool ran and raised; `detail` is its exception's message. The episode lives on. */
+/**
+ * The tool ran and raised; `detail` is its exception's message. The episode lives on.
+ * (A call whose environment's process died under it is an ORSError, ENVIRONMENT_CRASHED: the episode is lost.)
+ */
 export class ToolFailedError extends ToolError {
   override name = "ToolFailedError";
 }

@@ -1,6 +1,8 @@
 """Placement: which worker process takes a new episode, which answers a
 class-level call, and how many processes the pool keeps. Two policies, pure
-functions of the process table (`tests/workers/test_placement.py`):
+functions of the process table and of which processes are stalled now (no
+new episode goes to a process whose event loop is held: `watchdog.loop_stalled`)
+(`tests/workers/test_placement.py`):
 `SharedPlacement` (`--workers N`: N processes, each hosting many episodes)
 and `EpisodePlacement` (`--isolation episode`: a process per episode, taken
 from a few started ahead)."""
@@ -8,7 +10,7 @@ from a few started ahead)."""
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from ors_grpc._runtime.workers.process_table import ProcessState, ProcessTable, WorkerProcess
 
@@ -28,8 +30,21 @@ def worker_count(value: str) -> int:
     return count
 
 
+#: Which processes are stalled now (the pool asks its watchdog); by default none.
+Stalled = Callable[[WorkerProcess], bool]
+
+
+def _never(process: WorkerProcess) -> bool:
+    return False
+
+
 def _live(process: WorkerProcess) -> bool:
     return process.connection.alive
+
+
+def _takes_work(process: WorkerProcess, stalled: Stalled) -> bool:
+    """Live, and not stalled: a new episode or call sent there would wait behind the stall."""
+    return process.connection.alive and not stalled(process)
 
 
 class SharedPlacement:
@@ -49,17 +64,19 @@ class SharedPlacement:
         """How many processes to start now (every one in the table counts, until it is reaped)."""
         return max(0, self.size - len(table))
 
-    def for_episode(self, table: ProcessTable, *, can_spawn: bool = False) -> Optional[WorkerProcess]:
-        """The least-loaded live READY process; None when none is up."""
-        live = [process for process in table.in_state(ProcessState.READY) if _live(process)]
+    def for_episode(
+        self, table: ProcessTable, *, can_spawn: bool = False, stalled: Stalled = _never
+    ) -> Optional[WorkerProcess]:
+        """The least-loaded live READY process that is not stalled; None when none is."""
+        live = [process for process in table.in_state(ProcessState.READY) if _takes_work(process, stalled)]
         return min(live, key=lambda process: process.connection.episodes) if live else None
 
-    def for_catalog(self, table: ProcessTable) -> Optional[WorkerProcess]:
-        return self.for_episode(table)
+    def for_catalog(self, table: ProcessTable, *, stalled: Stalled = _never) -> Optional[WorkerProcess]:
+        return self.for_episode(table, stalled=stalled)
 
-    def serving(self, table: ProcessTable, *, can_spawn: bool) -> bool:
+    def serving(self, table: ProcessTable, *, can_spawn: bool, stalled: Stalled = _never) -> bool:
         """Whether a new episode would find a process now (health SERVING)."""
-        return any(_live(process) for process in table.in_state(ProcessState.READY))
+        return any(_takes_work(process, stalled) for process in table.in_state(ProcessState.READY))
 
 
 class EpisodePlacement:
@@ -82,25 +99,28 @@ class EpisodePlacement:
         starting = sum(1 for process in table.in_state(ProcessState.STARTING) if not process.reserved)
         return max(0, self.size - table.count(ProcessState.READY) - starting)
 
-    def _idle(self, table: ProcessTable) -> Optional[WorkerProcess]:
-        return next((process for process in table.in_state(ProcessState.READY) if _live(process)), None)
+    def _idle(self, table: ProcessTable, stalled: Stalled) -> Optional[WorkerProcess]:
+        return next((process for process in table.in_state(ProcessState.READY) if _takes_work(process, stalled)),
+                    None)
 
-    def for_episode(self, table: ProcessTable, *, can_spawn: bool) -> Union[WorkerProcess, str, None]:
-        """The oldest live idle process (the caller claims it); else SPAWN when
-        a process can start (`can_spawn`: a template to fork from, not in a
-        crash loop); else None."""
-        idle = self._idle(table)
+    def for_episode(
+        self, table: ProcessTable, *, can_spawn: bool, stalled: Stalled = _never
+    ) -> Union[WorkerProcess, str, None]:
+        """The oldest live idle process that is not stalled (the caller claims
+        it); else SPAWN when a process can start (`can_spawn`: a template to
+        fork from, not in a crash loop); else None."""
+        idle = self._idle(table, stalled)
         if idle is not None:
             return idle
         return SPAWN if can_spawn else None
 
-    def for_catalog(self, table: ProcessTable) -> Optional[WorkerProcess]:
+    def for_catalog(self, table: ProcessTable, *, stalled: Stalled = _never) -> Optional[WorkerProcess]:
         """An idle process; None while there is none (the caller waits for the pool to refill)."""
-        return self._idle(table)
+        return self._idle(table, stalled)
 
-    def serving(self, table: ProcessTable, *, can_spawn: bool) -> bool:
+    def serving(self, table: ProcessTable, *, can_spawn: bool, stalled: Stalled = _never) -> bool:
         """An idle process to take, or starts that work."""
-        return self._idle(table) is not None or can_spawn
+        return self._idle(table, stalled) is not None or can_spawn
 
 
 Placement = Union[SharedPlacement, EpisodePlacement]

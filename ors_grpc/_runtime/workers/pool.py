@@ -22,8 +22,9 @@ from ors_grpc._runtime.workers.process_table import ProcessState, ProcessTable, 
 from ors_grpc._runtime.workers.spawner import Spawner
 from ors_grpc._runtime.workers.startup import WORKER_START_TIMEOUT_S, WorkerStartupError
 from ors_grpc._runtime.workers.watchdog import Watchdog, rss_bytes
+from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.observability import metrics
-from ors_grpc.protocol.errors import CRASH_CAUSE_KEY, exit_text
+from ors_grpc.protocol.errors import CRASH_CAUSE_KEY, ORSError, exit_text
 
 __all__ = ["WorkerPool"]
 
@@ -270,9 +271,13 @@ class WorkerPool:
     def _can_spawn(self) -> bool:
         return self._spawner.up and not self._backoff.failing
 
+    def _stalled(self, process: WorkerProcess) -> bool:
+        return self._watchdog.stalled(process)
+
     def serving(self) -> bool:
         """Whether new episodes can be served now (health SERVING)."""
-        return self._spawner.up and self._placement.serving(self._table, can_spawn=self._can_spawn())
+        return self._spawner.up and self._placement.serving(self._table, can_spawn=self._can_spawn(),
+                                                            stalled=self._stalled)
 
     def _notify_availability(self) -> None:
         available = self.serving()
@@ -285,8 +290,13 @@ class WorkerPool:
 
     def for_episode(self) -> WorkerConnection:
         """The connection a new episode lives on (ENVIRONMENT_STARTING when none can take it)."""
-        choice = self._placement.for_episode(self._table, can_spawn=self._can_spawn() and not self._closing)
+        choice = self._placement.for_episode(self._table, can_spawn=self._can_spawn() and not self._closing,
+                                             stalled=self._stalled)
         if choice is None:
+            if self._placement.serving(self._table, can_spawn=False):  # up, but every one stalled
+                raise ORSError(errors_pb2.ERROR_REASON_ENVIRONMENT_STARTING,
+                               "every worker process able to take an episode is stalled (its event loop held): "
+                               "retry shortly")
             if not self._placement.one_episode_per_process:
                 raise none_up("no worker process is up")
             if not self._spawner.up:
@@ -305,7 +315,7 @@ class WorkerPool:
         """The connection for a class-level call, waiting (up to the start timeout) while the pool refills."""
         deadline = self._clock() + WORKER_START_TIMEOUT_S
         while True:
-            process = self._placement.for_catalog(self._table)
+            process = self._placement.for_catalog(self._table, stalled=self._stalled)
             if process is not None:
                 return process.connection
             remaining = deadline - self._clock()

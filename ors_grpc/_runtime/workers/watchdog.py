@@ -9,14 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
+from ors_grpc._runtime.loop_monitor import STALL_WARNING_S
 from ors_grpc.protocol.errors import CRASH_CAUSE_MEMORY_LIMIT, CRASH_CAUSE_STALLED
 
 if TYPE_CHECKING:
     from ors_grpc._runtime.workers.process_table import WorkerProcess
 
 __all__ = [
-    "DEFAULT_STALL_LIMIT_S", "HEARTBEAT_INTERVAL_S", "Kill", "Watchdog", "heartbeat_interval_s", "rss_bytes",
-    "stall_verdict",
+    "DEFAULT_STALL_LIMIT_S", "HEARTBEAT_INTERVAL_S", "Kill", "Watchdog", "heartbeat_interval_s", "loop_stalled",
+    "rss_bytes", "stall_verdict",
 ]
 
 #: Seconds one callback may hold a worker's event loop, or the worker stay silent, before it is
@@ -33,6 +34,16 @@ HELD, SILENT = "event_loop_held", "no_heartbeat"
 def heartbeat_interval_s(stall_limit_s: float) -> float:
     """How often workers report, for a stall limit (0: no limit, no heartbeats)."""
     return min(HEARTBEAT_INTERVAL_S, stall_limit_s / 4)
+
+
+def loop_stalled(held_s: float, heartbeat_s: float) -> bool:
+    """Whether a worker's event loop is stalled now, so that it takes no new
+    episode: its last heartbeat said one callback has held it longer than
+    two heartbeat periods (and than `STALL_WARNING_S`, where the worker warns
+    of it). Long before the kill (`stall_verdict`), and above what load makes
+    (docs/workers.md). Silence does not count here: heartbeats read late by a
+    busy server would look like it. With no heartbeats (no stall limit), never."""
+    return bool(heartbeat_s) and held_s > max(STALL_WARNING_S, 2 * heartbeat_s)
 
 
 def stall_verdict(held_s: float, silent_s: float, limit_s: float) -> Optional[str]:
@@ -78,6 +89,10 @@ class Watchdog:
         if self.memory_limit_bytes is not None:
             dues.append(self._memory_due if self._memory_due is not None else now + MEMORY_POLL_S)
         return min(dues) if dues else None
+
+    def stalled(self, process: WorkerProcess) -> bool:
+        """Whether `process`'s loop is stalled now, by its last heartbeat (`loop_stalled`)."""
+        return loop_stalled(process.held_s, self._heartbeat_s)
 
     def look(self, now: float, processes: Iterable[WorkerProcess]) -> list[Kill]:
         """The kills due now among `processes` (the started ones)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import importlib
 import inspect
 import logging
 import os
@@ -35,6 +34,7 @@ from ors_grpc._runtime.workers.hop import (
     Framing, Heartbeat, Heartbeats, Hello, Ready, Setup, answer_frame, portable_error, read_frame, send_frame,
     write_frame,
 )
+from ors_grpc._runtime.workers.startup import load
 from ors_grpc.observability import tracing
 
 logger = logging.getLogger("ors_grpc.worker")
@@ -51,15 +51,6 @@ def die_with_parent(parent_pid: int) -> None:
             pass
     if os.getppid() != parent_pid:  # the parent died before the call above
         os._exit(1)
-
-
-def load(spec: str) -> Any:
-    """The object a "module:qualname" names, its module imported."""
-    module_name, _, qualname = spec.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
 
 
 async def ready_prompt(host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
