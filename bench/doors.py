@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.floors import SERVER_OF as FLOOR_SERVERS
+from bench.placements import tree_cpu_seconds
 from bench.servers import ServerProcess, floor_server, ours_server, reference_server, run_load
 
 #: Door name suffixes that pin where the environment's sync code runs, and
@@ -82,10 +83,11 @@ def measure_door(door: str, args: argparse.Namespace, with_image: bool, tree: Pa
     with server:
         kind, target = target_of(door, server)
         timeout = args.warmup + args.duration + 120
-        cpu_before, wall_before = server.cpu_seconds(), time.perf_counter()
+        cpu_before, wall_before = tree_cpu_seconds(server.proc.pid), time.perf_counter()  # workers' too
         result.load = run_load(kind, target, "episodes", timeout, workers=args.workers,
                                warmup=args.warmup, duration=args.duration)
-        result.load["server_cpu"] = (server.cpu_seconds() - cpu_before) / (time.perf_counter() - wall_before)
+        cpu = tree_cpu_seconds(server.proc.pid) - cpu_before
+        result.load["server_cpu"] = cpu / (time.perf_counter() - wall_before)
         if with_image and args.image_calls and door not in FLOOR_SERVERS:
             result.image = run_load(kind, target, "image", 300, count=args.image_calls)
     return result

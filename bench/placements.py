@@ -8,7 +8,8 @@ workloads: the trivial ``bench.env:BenchEnv``, and ``bench.cpu_env``'s
 as the main benchmark, through our Python client on the gRPC door:
 episodes/s, tool-call p50/p99, the creation's p50/p99 (the `create` step,
 as the client sees it) and the CPU of the server and every process under it,
-as a share of a core and in milliseconds per episode.
+as a share of a core and in milliseconds per episode ("of it procs": the
+processes' part).
 Where the server has processes under it (workers, episode processes), their
 count and their memory (USS: private pages, from ``/proc/PID/smaps_rollup``)
 are sampled half-way through the measured window.
@@ -74,6 +75,12 @@ class Row:
         eps = self.episodes_per_second
         return self.load["server_cpu"] / eps * 1000 if eps else float("nan")
 
+    @property
+    def children_cpu_ms_per_episode(self) -> float:
+        """The part of `cpu_ms_per_episode` spent by the processes under the server."""
+        eps = self.episodes_per_second
+        return self.load["children_cpu"] / eps * 1000 if eps else float("nan")
+
 
 # --- processes under the server ----------------------------------------------
 
@@ -101,14 +108,23 @@ def descendants(pid: int) -> list[int]:
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of `pid` and every process under it: the live ones' own,
     and the ended ones' (counted in their parent's cutime/cstime once reaped)."""
-    total = 0
+    return sum(split_cpu_seconds(pid))
+
+
+def split_cpu_seconds(pid: int) -> tuple[float, float]:
+    """`tree_cpu_seconds` as (`pid`'s own, the processes' under it)."""
+    own = under = 0
     for proc in [pid, *descendants(pid)]:
         try:
             fields = _stat_fields(proc)
         except OSError:
             continue
-        total += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
-    return total / os.sysconf("SC_CLK_TCK")
+        if proc == pid:
+            own += int(fields[11]) + int(fields[12])  # utime, stime
+            under += int(fields[13]) + int(fields[14])  # cutime, cstime: reaped children
+        else:
+            under += sum(int(value) for value in fields[11:15])
+    return own / os.sysconf("SC_CLK_TCK"), under / os.sysconf("SC_CLK_TCK")
 
 
 def uss_bytes(pid: int) -> int | None:
@@ -145,7 +161,7 @@ def measure(workload: str, placement: str, serve_args: tuple[str, ...], args: ar
         assert server.proc is not None
         pid = server.proc.pid
         target = f"127.0.0.1:{server.ports['gRPC']}"
-        cpu_before, wall_before = tree_cpu_seconds(pid), time.perf_counter()
+        cpu_before, wall_before = split_cpu_seconds(pid), time.perf_counter()
         with ThreadPoolExecutor(1) as pool:
             load = pool.submit(run_load, "grpc", target, "episodes", args.warmup + args.duration + 120,
                                workers=args.workers, warmup=args.warmup, duration=args.duration)
@@ -154,7 +170,9 @@ def measure(workload: str, placement: str, serve_args: tuple[str, ...], args: ar
                 time.sleep(0.05)
             row.child_uss = [uss for uss in map(uss_bytes, descendants(pid)) if uss is not None]
             row.load = load.result()
-        row.load["server_cpu"] = (tree_cpu_seconds(pid) - cpu_before) / (time.perf_counter() - wall_before)
+        own, under = (after - before for after, before in zip(split_cpu_seconds(pid), cpu_before))
+        wall = time.perf_counter() - wall_before
+        row.load["server_cpu"], row.load["children_cpu"] = (own + under) / wall, under / wall
         if workload == PACED_WORKLOAD:
             row.paced = run_load("grpc", target, "creations", 120, count=PACED_CREATIONS, pause=PACED_PAUSE_S)
     return row
@@ -195,7 +213,8 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"\n## Where environments' code runs: {args.workers} workers, {args.duration:g} s"
           f" (after {args.warmup:g} s warm-up), gRPC door (ors_grpc.client), median of {args.rounds} round(s)")
     print(f"{'workload':<10} {'serve args':<20} {'episodes/s':>10} {'vs in-proc':>10} {'p50 ms':>8} {'p99 ms':>8}"
-          f" {'create p50':>10} {'create p99':>10} {'errors':>6} {'server CPU':>10} {'CPU ms/ep':>9} {'procs':>5}"
+          f" {'create p50':>10} {'create p99':>10} {'errors':>6} {'server CPU':>10} {'CPU ms/ep':>9}"
+          f" {'of it procs':>11} {'procs':>5}"
           f" {'USS/proc MiB':>12}")
     in_process = {r.workload: r for r in rows if r.placement == "in-process" and r.load}
     for row in rows:
@@ -210,7 +229,8 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         print(f"{label} {row.episodes_per_second:>10.1f} {versus:>10} {fmt_ms(load['tool_calls']['p50']):>8}"
               f" {fmt_ms(load['tool_calls']['p99']):>8} {fmt_ms(load['creates']['p50']):>10}"
               f" {fmt_ms(load['creates']['p99']):>10} {load['errors']:>6} {load['server_cpu']:>10.0%}"
-              f" {row.cpu_ms_per_episode:>9.2f} {len(row.child_uss):>5} {uss:>12}")
+              f" {row.cpu_ms_per_episode:>9.2f} {row.children_cpu_ms_per_episode:>11.2f} {len(row.child_uss):>5}"
+              f" {uss:>12}")
         if load["first_error"]:
             print(f"{'':<31} first error: {load['first_error']}")
     print_paced(rows)

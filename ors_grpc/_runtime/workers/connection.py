@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ors_grpc._generated.ors.v1 import errors_pb2
-from ors_grpc._runtime.workers.hop import local_error, read_frame, write_frame
+from ors_grpc._runtime.workers.hop import Framing, answer_value, local_error
 from ors_grpc._runtime.workers.startup import WorkerStartupError
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.errors import (
@@ -54,8 +54,9 @@ class WorkerConnection:
     def __init__(self, worker_id: int, process: ProcessHandle, on_lost: Callable[[WorkerConnection], None]) -> None:
         self.worker_id = worker_id
         self.process = process
-        self.reader: Optional[asyncio.StreamReader] = None
-        self.writer: Optional[asyncio.StreamWriter] = None
+        #: The hop, once the handshake is done (the stream writer it took over kept alongside).
+        self._hop: Optional[Framing] = None
+        self._writer: Optional[asyncio.StreamWriter] = None
         #: Done once the handshake is (with WorkerStartupError when the start failed).
         self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: The episodes living here, by episode id.
@@ -74,7 +75,8 @@ class WorkerConnection:
         self._call_ids = itertools.count(1)
         #: Calls the server stopped waiting for, still running there: their kill timers.
         self._abandoned: dict[int, asyncio.TimerHandle] = {}
-        self._reading: Optional[asyncio.Task[None]] = None
+        #: Failing what lived here, once the hop closed.
+        self._losing: Optional[asyncio.Task[None]] = None
 
     @property
     def episodes(self) -> int:
@@ -85,11 +87,11 @@ class WorkerConnection:
         self.killed_because = cause
         self.process.kill()
 
-    def attach(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The handshake is done: calls may go."""
-        self.reader, self.writer = reader, writer
-        self._reading = asyncio.get_running_loop().create_task(self._read_forever(),
-                                                               name=f"ors-worker-{self.worker_id}")
+    def attach(self, writer: asyncio.StreamWriter) -> None:
+        """The handshake on `writer`'s connection is done: calls may go."""
+        self._writer = writer
+        self._hop = Framing(self._answered, self._closed)
+        self._hop.take_over(writer)
         self.connected.set_result(None)
 
     def start_failed(self, error: WorkerStartupError) -> None:
@@ -112,7 +114,7 @@ class WorkerConnection:
         try:
             # While tracing is on, the call carries its span's context: the environment's spans nest under it.
             message = (call_id, op, args) if tracing.tracer is None else (call_id, op, args, tracing.current_carrier())
-            write_frame(self.writer, message)
+            self._hop.send(message)
             return await answer
         except asyncio.CancelledError:
             if self.alive and (answer.cancelled() or not answer.done()):  # no answer came: it runs on there
@@ -123,8 +125,8 @@ class WorkerConnection:
 
     def tell(self, op: str, *args: Any) -> None:
         """A message that wants no answer."""
-        if self.alive and self.writer is not None:
-            write_frame(self.writer, (0, op, args))
+        if self.alive and self._hop is not None:
+            self._hop.send((0, op, args))
 
     def _abandon(self, call_id: int, op: str) -> None:
         """The server stopped waiting for call `call_id`: cancel it there; kill the process if it runs on."""
@@ -139,25 +141,25 @@ class WorkerConnection:
                            self.worker_id, KILL_GRACE_S, self.episodes)
             self.kill(CRASH_CAUSE_TOOL_TIMEOUT)
 
-    async def _read_forever(self) -> None:
-        assert self.reader is not None
+    def _answered(self, message: tuple[int, bool, Any]) -> None:
+        call_id, ok, value = message
+        timer = self._abandoned.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        answer = self._calls.get(call_id)
+        if answer is None or answer.done():
+            return
+        if not ok:
+            answer.set_exception(local_error(value))
+            return
         try:
-            while True:
-                call_id, ok, value = await read_frame(self.reader)
-                timer = self._abandoned.pop(call_id, None)
-                if timer is not None:
-                    timer.cancel()
-                answer = self._calls.get(call_id)
-                if answer is None or answer.done():
-                    continue
-                if ok:
-                    answer.set_result(value)
-                else:
-                    answer.set_exception(local_error(value))
-        except (asyncio.IncompleteReadError, ConnectionError, EOFError):
-            pass
-        finally:
-            await self._lost()
+            answer.set_result(answer_value(ok, value))
+        except Exception as exc:  # (never: the worker sends only outputs that validate)
+            answer.set_exception(exc)
+
+    def _closed(self) -> None:
+        self.alive = False  # no call goes from now on
+        self._losing = asyncio.get_running_loop().create_task(self._lost(), name=f"ors-worker-{self.worker_id}-lost")
 
     async def _lost(self) -> None:
         """The hop closed: the process ended (or is ending). Fail everything that lived here."""
@@ -183,12 +185,12 @@ class WorkerConnection:
         """End the process (a planned stop): close the hop, wait for it to exit, kill it if it does not."""
         self.stopping = True
         self.alive = False
-        if self.writer is not None:
-            self.writer.close()
+        if self._hop is not None:
+            self._hop.close()
         try:
             await asyncio.wait_for(asyncio.to_thread(self.process.wait), WORKER_STOP_WAIT_S)
         except asyncio.TimeoutError:
             self.process.kill()
             await asyncio.to_thread(self.process.wait)
-        if self._reading is not None:
-            await asyncio.wait({self._reading})
+        if self._losing is not None:
+            await asyncio.wait({self._losing})

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
 from ors_grpc._runtime.workers.connection import WorkerConnection
+from ors_grpc._runtime.workers.hop import local_error
 from ors_grpc._runtime.workers.placement import EpisodePlacement, SharedPlacement
 from ors_grpc._runtime.workers.pool import WorkerPool
 from ors_grpc._runtime.workers.spawner import FreshInterpreters, TemplateForks
@@ -29,7 +30,7 @@ _NO_MARKS = ToolMarks()
 class WorkerEpisodeHost(EpisodeHost):
     """One episode whose environment lives in a worker process."""
 
-    __slots__ = ("_connection", "_eid", "_toolset_cls", "_set_up", "_env_name")
+    __slots__ = ("_connection", "_eid", "_toolset_cls", "_set_up", "_env_name", "_ready_prompt")
 
     def __init__(self, env_cls: type[Environment], env_name: str, connection: WorkerConnection, eid: int) -> None:
         super().__init__(env_cls)
@@ -38,6 +39,8 @@ class WorkerEpisodeHost(EpisodeHost):
         self._env_name = env_name
         self._toolset_cls: Optional[type] = None
         self._set_up = False
+        #: The prompt that came with setup's answer, (ok, prompt or exception), until a call is made.
+        self._ready_prompt: Optional[tuple[bool, Any]] = None
         connection.hosts[eid] = self
 
     @property
@@ -58,7 +61,7 @@ class WorkerEpisodeHost(EpisodeHost):
     async def setup(self) -> None:
         if self.state is EpisodeState.CONSTRUCTING:
             self.state = EpisodeState.SETTING_UP
-        await self._connection.call("setup", self._eid)
+        self._ready_prompt = await self._connection.call("setup", self._eid)
         self._set_up = True
         if self.state is EpisodeState.SETTING_UP:
             self.state = EpisodeState.READY
@@ -70,7 +73,9 @@ class WorkerEpisodeHost(EpisodeHost):
     def end(self) -> None:
         if self.state is not EpisodeState.ENDED:
             self._connection.hosts.pop(self._eid, None)
-            self._connection.tell("end", self._eid)
+            if not self._set_up:  # else its teardown, which the session table always runs next, ends it there
+                self._connection.tell("end", self._eid)
+        self._ready_prompt = None
         super().end()
 
     def kill(self) -> None:
@@ -80,12 +85,17 @@ class WorkerEpisodeHost(EpisodeHost):
         return overrides(self.env_cls, hook)
 
     def prompt(self) -> Any:
+        ready, self._ready_prompt = self._ready_prompt, None
+        if ready is not None:  # made when setup ended, and no call since could have changed it
+            return _ready(*ready)
         return self._connection.call("prompt", self._eid)
 
     def messages(self) -> Any:
+        self._ready_prompt = None
         return self._connection.call("messages", self._eid)
 
     def task_tools(self) -> Any:
+        self._ready_prompt = None
         return self._connection.call("task_tools", self._eid)
 
     def tool_marks(self, name: str) -> Union[ToolMarks, RunToolOutput]:
@@ -93,10 +103,19 @@ class WorkerEpisodeHost(EpisodeHost):
         return tool_marks(self.env_cls, name, self._toolset_cls) or _NO_MARKS
 
     def run_tool(self, name: str, tool_input: JSONObject) -> Any:
+        self._ready_prompt = None
         return self._connection.call("run_tool", self._eid, name, tool_input)
 
     def score_group(self, candidates: Sequence[GroupCandidate]) -> Any:
+        self._ready_prompt = None
         return self._connection.call("score_group", self._eid, list(candidates))
+
+
+async def _ready(ok: bool, value: Any) -> Any:
+    """A prompt that came with setup's answer, as the call would have answered it."""
+    if not ok:
+        raise local_error(value)
+    return value
 
 
 class WorkerCatalogHost(CatalogHost):

@@ -36,7 +36,7 @@ class HopListener:
 
     def __init__(
         self, table: ProcessTable, setup: Setup, clock: Callable[[], float], *,
-        on_ready: Callable[[WorkerProcess, asyncio.StreamReader, asyncio.StreamWriter], None],
+        on_ready: Callable[[WorkerProcess, asyncio.StreamWriter], None],
         on_failed: Callable[[WorkerProcess, WorkerStartupError], None],
     ) -> None:
         self._table = table
@@ -63,6 +63,14 @@ class HopListener:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            await self._handshake(reader, writer)
+        except asyncio.CancelledError:
+            # The server stops with a handshake under way: asyncio's stream callback would log the
+            # cancelled task as an error (with whatever was being handled, e.g. another worker's failed start).
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
             hello: Hello | Heartbeats = await asyncio.wait_for(read_frame(reader), WORKER_START_TIMEOUT_S)
             if isinstance(hello, Heartbeats):
                 return await self._hear_heartbeats(hello, reader, writer)
@@ -85,7 +93,7 @@ class HopListener:
             self._on_failed(process, WorkerStartupError(
                 f"a worker process could not import the environments:\n{ready.error.rstrip()}"))
             return
-        self._on_ready(process, reader, writer)
+        self._on_ready(process, writer)  # the connection's frames are the connection's (`hop.Framing`) now
 
     async def _hear_heartbeats(self, hello: Heartbeats, reader: asyncio.StreamReader,
                                writer: asyncio.StreamWriter) -> None:

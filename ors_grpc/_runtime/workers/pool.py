@@ -214,14 +214,14 @@ class WorkerPool:
         self._table.add(process)
         return process
 
-    def _started(self, process: WorkerProcess, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _started(self, process: WorkerProcess, writer: asyncio.StreamWriter) -> None:
         """`process` completed its handshake."""
         if process not in self._table or self._closing:
             writer.close()
             process.connection.process.kill()
             return
         process.heard_at = self._clock()
-        process.connection.attach(reader, writer)
+        process.connection.attach(writer)
         self._table.move(process, ProcessState.CLAIMED if process.reserved else ProcessState.READY)
         self._failure_reported = False
         if self._placement.start_proves_health:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import inspect
 import logging
 import os
 import signal
@@ -23,14 +24,15 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Optional
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
-    Heartbeat, Heartbeats, Hello, Ready, Setup, portable_error, read_frame, send_frame, write_frame,
+    Framing, Heartbeat, Heartbeats, Hello, Ready, Setup, answer_frame, portable_error, read_frame, send_frame,
+    write_frame,
 )
 from ors_grpc._runtime.workers.startup import load
 from ors_grpc.observability import tracing
@@ -49,6 +51,22 @@ def die_with_parent(parent_pid: int) -> None:
             pass
     if os.getppid() != parent_pid:  # the parent died before the call above
         os._exit(1)
+
+
+async def ready_prompt(host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
+    """The episode's prompt, made as soon as it is set up, to go with setup's answer (a client asks for
+    it next: this saves a round trip), as (ok, prompt or the exception it raised); None, and the prompt
+    is made when asked, unless `get_prompt` is a quick function that runs on the loop: one in a thread,
+    or an `async def`, could take long, which would hold setup's answer back."""
+    if host.state is not EpisodeState.READY or not host.implements("get_prompt"):
+        return None
+    get_prompt = host.env.get_prompt
+    if inspect.iscoroutinefunction(get_prompt) or user_code.runs_in_thread(get_prompt, host.env_cls.sync_code_on_loop):
+        return None
+    try:
+        return True, await host.prompt()
+    except Exception as exc:
+        return False, portable_error(exc)
 
 
 class _Episodes:
@@ -78,8 +96,8 @@ class _Episodes:
             host = self.live[eid] = self.hosts.episode(self.environments[env_name])
             self.hosted_one = True
             return await host.construct(task_spec, secrets)
-        if op == "end" or op == "teardown":
-            return await self._finish(eid, op)
+        if op == "teardown":
+            return await self._teardown(eid)
         host = self.live[eid]
         if op == "attach_toolset":
             return await host.attach_toolset(self.toolsets[rest[0]])
@@ -90,20 +108,26 @@ class _Episodes:
         method = getattr(host, op)  # prompt, messages, task_tools, score_group
         return await method(*rest)
 
-    async def _finish(self, eid: int, op: str) -> None:
-        """`end`: the episode is over (forgotten at once unless there is a setup to wait for or a
-        teardown to run); `teardown`: run it (after the setup still running, if any)."""
+    def end(self, eid: int) -> None:
+        """The episode is over: forgotten at once, unless there is a setup to wait for or a teardown to run
+        (answered at once, in the frame's callback: it runs no environment code)."""
         host = self.live.get(eid)
-        if host is None:
-            return
-        if op == "end":
+        if host is not None:
             host.end()
             if not host.set_up and eid not in self.setting_up:
                 del self.live[eid]
-        elif eid not in self.setting_up:
-            await self._tear_down(eid, host)
 
-    async def _setup(self, eid: int, host: LocalEpisodeHost) -> None:
+    async def _teardown(self, eid: int) -> None:
+        """The episode is over (the server sends no `end` before the teardown of one it saw set up): tear it
+        down, or leave that to the setup still running."""
+        host = self.live.get(eid)
+        if host is not None:
+            host.end()
+            if eid not in self.setting_up:
+                await self._tear_down(eid, host)
+
+    async def _setup(self, eid: int, host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
+        """Set the episode up; with it, its prompt (`ready_prompt`)."""
         self.setting_up.add(eid)
         try:
             await host.setup()
@@ -111,13 +135,14 @@ class _Episodes:
             self.setting_up.discard(eid)
             if host.state is EpisodeState.ENDED:  # the server gave up on it meanwhile
                 await self._tear_down(eid, host)
+        return await ready_prompt(host)
 
     async def _tear_down(self, eid: int, host: LocalEpisodeHost) -> None:
         self.live.pop(eid, None)
         await host.teardown()
 
 
-async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: int, op: str, args: tuple,
+async def _answer(hop: Framing, episodes: _Episodes, call_id: int, op: str, args: tuple,
                   trace_context: list[dict[str, str]]) -> None:
     if trace_context:  # tracing is on in the server: this call's spans are children of its span
         tracing.continue_trace(trace_context[0])
@@ -125,20 +150,28 @@ async def _answer(writer: asyncio.StreamWriter, episodes: _Episodes, call_id: in
         value = await episodes.run(op, args)
     except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
         if call_id:
-            write_frame(writer, (call_id, False, RuntimeError("the call was cancelled")))
+            hop.send((call_id, False, RuntimeError("the call was cancelled")))
         return
     except Exception as exc:
         if call_id:
-            write_frame(writer, (call_id, False, portable_error(exc)))
+            hop.send((call_id, False, portable_error(exc)))
         return
     if call_id:
         try:
-            write_frame(writer, (call_id, True, value))
+            hop.send(answer_frame(call_id, value))
         except Exception as exc:  # a result that cannot be pickled
-            write_frame(writer, (call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+            if op == "setup":  # its prompt: the server asks for it again, and that call fails
+                hop.send((call_id, True, None))
+            else:
+                hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
     if episodes.exit_after_episode and episodes.idle_after_an_episode:
-        await writer.drain()
-        _exit()  # `--isolation episode`: the process ends with its episode
+        await _exit_once_sent(hop)
+
+
+async def _exit_once_sent(hop: Framing) -> None:
+    """`--isolation episode`: the process ends with its episode, once its answers left."""
+    await hop.drain()
+    _exit()
 
 
 def _connect(socket_path: str) -> socket.socket:
@@ -172,28 +205,44 @@ async def serve(socket_path: str, worker_id: int) -> None:
         await writer.drain()
         return
     write_frame(writer, Ready())
+    closed = asyncio.get_running_loop().create_future()
+    calls = _Calls(_Episodes(environments, toolsets))
+    calls.episodes.exit_after_episode = setup.exit_after_episode
+    calls.hop = Framing(calls.received, lambda: closed.done() or closed.set_result(None))
+    calls.hop.take_over(writer)  # now: the server sends nothing before it has read Ready
     _watch_the_loop(socket_path, worker_id, setup.heartbeat_interval_s)
-    episodes = _Episodes(environments, toolsets)
-    episodes.exit_after_episode = setup.exit_after_episode
-    running: dict[int, asyncio.Task[None]] = {}
-    anonymous: set[asyncio.Task[None]] = set()
-    while True:
-        try:
-            call_id, op, args, *trace_context = await read_frame(reader)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return  # the server closed the hop: it stopped, or died
+    await closed  # the server closed the hop: it stopped, or died
+
+
+class _Calls:
+    """The server's calls, each in a task of its own as its frame arrives; `cancel` cancels one."""
+
+    def __init__(self, episodes: _Episodes) -> None:
+        self.episodes = episodes
+        self.hop: Framing
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._anonymous: set[asyncio.Task[None]] = set()
+
+    def received(self, message: tuple) -> None:
+        call_id, op, args, *trace_context = message
         if op == "cancel":
-            task = running.get(args[0])
+            task = self._running.get(args[0])
             if task is not None:
                 task.cancel()
-            continue
-        task = asyncio.get_running_loop().create_task(_answer(writer, episodes, call_id, op, args, trace_context))
+            return
+        if op == "end":
+            self.episodes.end(args[0])
+            if self.episodes.exit_after_episode and self.episodes.idle_after_an_episode:
+                asyncio.get_running_loop().create_task(_exit_once_sent(self.hop))
+            return
+        task = asyncio.get_running_loop().create_task(
+            _answer(self.hop, self.episodes, call_id, op, args, trace_context))
         if call_id:
-            running[call_id] = task
-            task.add_done_callback(lambda _, call_id=call_id: running.pop(call_id, None))
+            self._running[call_id] = task
+            task.add_done_callback(lambda _, call_id=call_id: self._running.pop(call_id, None))
         else:
-            anonymous.add(task)
-            task.add_done_callback(anonymous.discard)
+            self._anonymous.add(task)
+            task.add_done_callback(self._anonymous.discard)
 
 
 def _watch_the_loop(socket_path: str, worker_id: int, heartbeat_interval_s: float) -> None:
