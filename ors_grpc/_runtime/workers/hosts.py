@@ -12,7 +12,6 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ors_grpc._runtime.environment_host import CatalogHost, EpisodeHost, EpisodeState, HostFactory
 from ors_grpc._runtime.workers.connection import WorkerConnection
-from ors_grpc._runtime.workers.hop import local_error
 from ors_grpc._runtime.workers.placement import EpisodePlacement, SharedPlacement
 from ors_grpc._runtime.workers.pool import WorkerPool
 from ors_grpc._runtime.workers.spawner import FreshInterpreters, TemplateForks
@@ -30,7 +29,7 @@ _NO_MARKS = ToolMarks()
 class WorkerEpisodeHost(EpisodeHost):
     """One episode whose environment lives in a worker process."""
 
-    __slots__ = ("_connection", "_eid", "_toolset_cls", "_set_up", "_env_name", "_ready_prompt")
+    __slots__ = ("_connection", "_eid", "_toolset_cls", "_set_up", "_env_name")
 
     def __init__(self, env_cls: type[Environment], env_name: str, connection: WorkerConnection, eid: int) -> None:
         super().__init__(env_cls)
@@ -39,8 +38,6 @@ class WorkerEpisodeHost(EpisodeHost):
         self._env_name = env_name
         self._toolset_cls: Optional[type] = None
         self._set_up = False
-        #: The prompt that came with setup's answer, (ok, prompt or exception), until a call is made.
-        self._ready_prompt: Optional[tuple[bool, Any]] = None
         connection.hosts[eid] = self
 
     @property
@@ -61,7 +58,7 @@ class WorkerEpisodeHost(EpisodeHost):
     async def setup(self) -> None:
         if self.state is EpisodeState.CONSTRUCTING:
             self.state = EpisodeState.SETTING_UP
-        self._ready_prompt = await self._connection.call("setup", self._eid)
+        await self._connection.call("setup", self._eid)
         self._set_up = True
         if self.state is EpisodeState.SETTING_UP:
             self.state = EpisodeState.READY
@@ -75,7 +72,6 @@ class WorkerEpisodeHost(EpisodeHost):
             self._connection.hosts.pop(self._eid, None)
             if not self._set_up:  # else its teardown, which the session table always runs next, ends it there
                 self._connection.tell("end", self._eid)
-        self._ready_prompt = None
         super().end()
 
     def kill(self) -> None:
@@ -85,17 +81,12 @@ class WorkerEpisodeHost(EpisodeHost):
         return overrides(self.env_cls, hook)
 
     def prompt(self) -> Any:
-        ready, self._ready_prompt = self._ready_prompt, None
-        if ready is not None:  # made when setup ended, and no call since could have changed it
-            return _ready(*ready)
         return self._connection.call("prompt", self._eid)
 
     def messages(self) -> Any:
-        self._ready_prompt = None
         return self._connection.call("messages", self._eid)
 
     def task_tools(self) -> Any:
-        self._ready_prompt = None
         return self._connection.call("task_tools", self._eid)
 
     def tool_marks(self, name: str) -> Union[ToolMarks, RunToolOutput]:
@@ -103,19 +94,10 @@ class WorkerEpisodeHost(EpisodeHost):
         return tool_marks(self.env_cls, name, self._toolset_cls) or _NO_MARKS
 
     def run_tool(self, name: str, tool_input: JSONObject) -> Any:
-        self._ready_prompt = None
         return self._connection.call("run_tool", self._eid, name, tool_input)
 
     def score_group(self, candidates: Sequence[GroupCandidate]) -> Any:
-        self._ready_prompt = None
         return self._connection.call("score_group", self._eid, list(candidates))
-
-
-async def _ready(ok: bool, value: Any) -> Any:
-    """A prompt that came with setup's answer, as the call would have answered it."""
-    if not ok:
-        raise local_error(value)
-    return value
 
 
 class WorkerCatalogHost(CatalogHost):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import inspect
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
@@ -51,22 +50,6 @@ def die_with_parent(parent_pid: int) -> None:
             pass
     if os.getppid() != parent_pid:  # the parent died before the call above
         os._exit(1)
-
-
-async def ready_prompt(host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
-    """The episode's prompt, made as soon as it is set up, to go with setup's answer (a client asks for
-    it next: this saves a round trip), as (ok, prompt or the exception it raised); None, and the prompt
-    is made when asked, unless `get_prompt` is a quick function that runs on the loop: one in a thread,
-    or an `async def`, could take long, which would hold setup's answer back."""
-    if host.state is not EpisodeState.READY or not host.implements("get_prompt"):
-        return None
-    get_prompt = host.env.get_prompt
-    if inspect.iscoroutinefunction(get_prompt) or user_code.runs_in_thread(get_prompt, host.env_cls.sync_code_on_loop):
-        return None
-    try:
-        return True, await host.prompt()
-    except Exception as exc:
-        return False, portable_error(exc)
 
 
 class _Episodes:
@@ -126,8 +109,8 @@ class _Episodes:
             if eid not in self.setting_up:
                 await self._tear_down(eid, host)
 
-    async def _setup(self, eid: int, host: LocalEpisodeHost) -> Optional[tuple[bool, Any]]:
-        """Set the episode up; with it, its prompt (`ready_prompt`)."""
+    async def _setup(self, eid: int, host: LocalEpisodeHost) -> None:
+        """Set the episode up."""
         self.setting_up.add(eid)
         try:
             await host.setup()
@@ -135,7 +118,6 @@ class _Episodes:
             self.setting_up.discard(eid)
             if host.state is EpisodeState.ENDED:  # the server gave up on it meanwhile
                 await self._tear_down(eid, host)
-        return await ready_prompt(host)
 
     async def _tear_down(self, eid: int, host: LocalEpisodeHost) -> None:
         self.live.pop(eid, None)
@@ -160,10 +142,7 @@ async def _answer(hop: Framing, episodes: _Episodes, call_id: int, op: str, args
         try:
             hop.send(answer_frame(call_id, value))
         except Exception as exc:  # a result that cannot be pickled
-            if op == "setup":  # its prompt: the server asks for it again, and that call fails
-                hop.send((call_id, True, None))
-            else:
-                hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+            hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
     if episodes.exit_after_episode and episodes.idle_after_an_episode:
         await _exit_once_sent(hop)
 
