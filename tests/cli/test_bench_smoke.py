@@ -75,7 +75,7 @@ def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_ch
 
 def test_bench_placements_mode_prints_every_row_measured_or_why_not():
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--placements", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+        [sys.executable, "-m", "bench", "--placements", "--workers", "2", "--warmup", "0", "--duration", "1",
          "--rounds", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
