@@ -89,9 +89,10 @@ def test_bench_placements_mode_prints_every_row_measured_or_why_not():
             assert row is not None, (workload, placement, done.stdout)
             rest = row[len(prefix):]
             if placement == "in-process" or not rest.startswith("not available: "):
-                # Measured: episodes/s ... errors (0), server CPU, CPU ms per episode, procs, and the USS column.
+                # Measured: episodes/s ... errors (0), server CPU, CPU ms per episode, the processes' part of it,
+                # procs, and the USS column.
                 fields = rest.split()
-                assert len(fields) == 11 and float(fields[0]) > 0 and fields[6] == "0" and float(fields[8]) > 0, row
+                assert len(fields) == 12 and float(fields[0]) > 0 and fields[6] == "0" and float(fields[8]) > 0, row
             else:
                 assert "error" in rest and "did not start" not in rest, row  # serve's own one-line error
 

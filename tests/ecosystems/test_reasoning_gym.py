@@ -17,7 +17,7 @@ from ors_grpc.client import ORSClient, ORSServerError
 from tests.support.reasoning_gym_play import FAMILIES, SERVE_SPEC, WRONG_ANSWER, entry, expected_reward
 from tests.support.servers import ROOT, ServeProcess, start_serve
 
-PLACEMENTS = {"in-process": (), "workers": ("--workers", "2"), "episode processes": ("--isolation", "episode")}
+PLACEMENTS = {"in-process": ("--in-process",), "workers": ("--workers", "2"), "episode processes": ("--isolation", "episode")}
 
 
 @pytest.fixture(scope="module", params=list(PLACEMENTS))

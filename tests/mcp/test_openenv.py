@@ -24,12 +24,12 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc.adapters.openenv import observation_blocks
 from ors_grpc.client import AsyncORSClient, ORSClient, ToolCallError
 from tests.support.openenv_environments import CALCULATOR_ANSWER, PIXEL, GuessAction, secret_of
-from tests.support.servers import ROOT, ServeProcess, extra_serve_args, start_script_server, start_serve
+from tests.support.servers import ROOT, ServeProcess, start_script_server, start_serve
 
 SUPPORT = "tests.support.openenv_environments"
 HOSTED = (f"openenv:{SUPPORT}:GuessEnvironment?split=train:6:0&split=test:3:100",
           f"openenv:{SUPPORT}:SoloGuessEnvironment", f"openenv:{SUPPORT}:CalculatorEnvironment")
-PLACEMENTS = {"in-process": (), "workers": ("--workers", "2")}
+PLACEMENTS = {"in-process": ("--in-process",), "workers": ("--workers", "2")}
 #: Seconds `serve` may take to start: every process that hosts an OpenEnv class imports
 #: openenv-core, which imports gradio (seconds each, more on a loaded machine).
 OPENENV_STARTUP_S = 180.0
@@ -112,7 +112,7 @@ async def test_episodes_overlap_where_the_environment_allows_it_and_take_turns_w
         hosted: ServeProcess, placement: str) -> None:
     # An environment without concurrent sessions has one live instance per process: in
     # the server process its episodes take turns; workers are processes of their own.
-    in_process = placement == "in-process" and not extra_serve_args()
+    in_process = placement == "in-process"
     async with AsyncORSClient(hosted.grpc_target) as client:
         for name, overlapping in [("guessenvironment", True), ("sologuessenvironment", False)]:
             env = client.environment(name)

@@ -75,7 +75,7 @@ def start_serve(*args: str, env: Mapping[str, str] | None = None, stderr: Any = 
     `stderr` (a file), else to the test's."""
     process_env = {**os.environ, **(env or {})}
     process_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), process_env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args, *extra_serve_args()]
+    command = [sys.executable, "-m", "ors_grpc.cli", "serve", "--port", "0", *args, *extra_serve_args(args)]
     with run_serve(command, cwd=ROOT, env=process_env, stderr=stderr, startup_timeout_s=startup_timeout_s) as serve:
         yield serve
 
@@ -138,11 +138,27 @@ def start_bridge(backend_target: str, *args: str, env: Mapping[str, str] | None 
         bridge.stop()
 
 
-def extra_serve_args() -> list[str]:
+#: `serve`'s options that choose where environments' code runs, and how many values each takes.
+PLACEMENT_OPTIONS = {"--workers": 1, "--in-process": 0, "--isolation": 1}
+
+
+def extra_serve_args(own: Sequence[str] = ()) -> list[str]:
     """`ORS_TEST_SERVE_ARGS`, split: arguments every `serve` started here gets
-    too, to run the tests again in another mode (`--workers 2`, `--isolation
-    episode`)."""
-    return os.environ.get("ORS_TEST_SERVE_ARGS", "").split()
+    too, to run the tests again in another mode (`--in-process`, `--workers 2`,
+    `--isolation episode`). A test whose own arguments `own` choose where the
+    code runs keeps its choice: the mode's placement options are left out."""
+    extra = os.environ.get("ORS_TEST_SERVE_ARGS", "").split()
+    if not any(arg in PLACEMENT_OPTIONS for arg in own):
+        return extra
+    kept, skip = [], 0
+    for arg in extra:
+        if skip:
+            skip -= 1
+        elif arg in PLACEMENT_OPTIONS:
+            skip = PLACEMENT_OPTIONS[arg]
+        else:
+            kept.append(arg)
+    return kept
 
 
 @contextmanager
@@ -153,7 +169,7 @@ def run_cli_logging_to(log: Path, *arguments: str) -> Iterator[dict[str, str]]:
     the process id as "pid"."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as output:
-        extra = extra_serve_args() if arguments[0] == "serve" else []
+        extra = extra_serve_args(arguments) if arguments[0] == "serve" else []
         proc = subprocess.Popen([sys.executable, "-m", "ors_grpc.cli", "--log-level", "DEBUG", *arguments, *extra],
                                 cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
     try:
