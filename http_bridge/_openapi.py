@@ -38,10 +38,11 @@ CALL_EVENTS = """\
 2. zero or more `chunk`, then one `end`: the compact JSON of a `RunToolOutput`, cut into
    pieces of 4096 characters; concatenate the data of every `chunk` and the `end` in order.
 3. or, instead of 2, one `error`: a message (the tool raised; or `unknown task_id` on a reattach).
-   An `error` that stands for a status (the environment's process died under the call:
-   `ERROR_REASON_ENVIRONMENT_CRASHED`, the HTTP 410 it would have been) carries the reason in
-   a `reason:` line, which SSE parsers that do not know it skip; before the first byte the
-   answer is that status itself.
+   An `error` that stands for a status carries its reason in a `reason:` line, which SSE
+   parsers that do not know it skip: the call's answer was over the server's message limit
+   (`ERROR_REASON_MESSAGE_TOO_LARGE`; the episode lives on), or the environment's process died
+   under the call (`ERROR_REASON_ENVIRONMENT_CRASHED`; before the first byte the answer is its
+   HTTP 410 itself, since the episode is gone).
 
 An unknown tool name or input that fails the tool's schema is not an `error`: it is an `end`
 with `{"ok": false, "error": "..."}`. A stream that ends without `end` or `error` (the backend

@@ -24,7 +24,7 @@ from ors_grpc._generated.ors.v1.environment_service_pb2_grpc import EnvironmentS
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import DEFAULT_KEEPALIVE_INTERVAL_S, DEFAULT_MAX_MESSAGE_BYTES, SESSION_ID_HEADER
-from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, http_status_for, unknown_environment
+from ors_grpc.protocol.errors import RETRY_AFTER_S, bounded_text, ends_episode, http_status_for, unknown_environment
 from ors_grpc.protocol.routed_ids import door_address, routed_id, session_key
 
 from . import _convert as convert
@@ -392,10 +392,10 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
 
     The HTTP status is sent only once the backend has sent the task id, so
     that errors before it (unknown session, setup failed, session deleted,
-    score_group unsupported) are real HTTP statuses; so is a status the
-    backend ends the call with (ENVIRONMENT_CRASHED: its process died under
-    it) while no byte has gone out yet. After the first byte, failures are
-    SSE `error` events, a status's carrying its reason.
+    score_group unsupported) are real HTTP statuses; so is a status that
+    ends the episode (`errors.ends_episode`: ENVIRONMENT_CRASHED, its process
+    died under it) while no byte has gone out yet. Any other failure after
+    the task id is an SSE `error` event, a status's carrying its reason.
     """
     outcome: Optional[asyncio.Future] = None
     try:
@@ -411,7 +411,7 @@ async def _task_events(request: web.Request, stream: Any, result_json: ResultJso
         outcome = asyncio.ensure_future(stream.read())
         await done_within(outcome, QUICK_RESULT_S)
         if outcome.done():
-            if not outcome.cancelled() and _answered_status(outcome.exception()):
+            if not outcome.cancelled() and _ended_episode(outcome.exception()):
                 raise outcome.exception()  # nothing sent yet: a real HTTP status
             return sse_response([("task_id", first.task_id), *_outcome_events(outcome, result_json)])
         return await _stream_call(request, first.task_id, outcome, result_json)
@@ -459,10 +459,9 @@ def _outcome_events(outcome: asyncio.Future, result_json: ResultJson) -> list[Ev
     return []
 
 
-def _answered_status(error: BaseException | None) -> bool:
-    """Whether a task stream ended with the backend's own answer (a status
-    with an ORS reason), not a broken connection."""
-    return isinstance(error, grpc.aio.AioRpcError) and error_reason(error) is not None
+def _ended_episode(error: BaseException | None) -> bool:
+    """Whether a task stream ended with a status saying its episode is gone."""
+    return isinstance(error, grpc.aio.AioRpcError) and ends_episode(error_reason(error))
 
 
 # --------------------------------------------------------------------------

@@ -47,6 +47,7 @@ __all__ = [
     "bounded_text",
     "environment_crashed",
     "environment_crashed_from_exitcode",
+    "ends_episode",
     "environment_error",
     "exit_text",
     "http_status_for",
@@ -80,6 +81,12 @@ Reason = errors_pb2.ErrorReason.ValueType
 class Mapping(NamedTuple):
     code: grpc.StatusCode
     http_status: int
+    #: The episode is gone (never was, deleted, its process died): a task
+    #: stream (`/call`, `/score_group`) that ends with this reason after its
+    #: task id is answered this HTTP status while no byte has gone out. Any
+    #: other reason there is the call's own failure: an SSE `error` event
+    #: (with a `reason:` line), however quickly it came.
+    ends_episode: bool = False
 
 
 #: Each domain error's gRPC code and ORS HTTP status (../shared/spec/ORS.md).
@@ -91,8 +98,8 @@ REASONS: dict[int, Mapping] = {
     errors_pb2.ERROR_REASON_INVALID_INDEX: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
     errors_pb2.ERROR_REASON_LISTING_UNSUPPORTED: Mapping(grpc.StatusCode.FAILED_PRECONDITION, 400),
     errors_pb2.ERROR_REASON_SESSION_EXISTS: Mapping(grpc.StatusCode.ALREADY_EXISTS, 400),
-    errors_pb2.ERROR_REASON_SESSION_NOT_FOUND: Mapping(grpc.StatusCode.NOT_FOUND, 404),
-    errors_pb2.ERROR_REASON_SESSION_DELETED: Mapping(grpc.StatusCode.ABORTED, 410),
+    errors_pb2.ERROR_REASON_SESSION_NOT_FOUND: Mapping(grpc.StatusCode.NOT_FOUND, 404, ends_episode=True),
+    errors_pb2.ERROR_REASON_SESSION_DELETED: Mapping(grpc.StatusCode.ABORTED, 410, ends_episode=True),
     errors_pb2.ERROR_REASON_SETUP_FAILED: Mapping(grpc.StatusCode.FAILED_PRECONDITION, 500),
     errors_pb2.ERROR_REASON_UNKNOWN_TASK_ID: Mapping(grpc.StatusCode.NOT_FOUND, 404),
     errors_pb2.ERROR_REASON_TOO_MANY_SESSIONS: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
@@ -109,7 +116,8 @@ REASONS: dict[int, Mapping] = {
     # The reference answers 500 when the environment's code raises.
     errors_pb2.ERROR_REASON_ENVIRONMENT_ERROR: Mapping(grpc.StatusCode.INTERNAL, 500),
     # An answer over the limit: the server's side, not the client's (no 413,
-    # which is about the request), and not worth a retry (no 429).
+    # which is about the request), and not worth a retry (no 429). A call's
+    # answer over it is that call's failure: the episode lives on.
     errors_pb2.ERROR_REASON_MESSAGE_TOO_LARGE: Mapping(grpc.StatusCode.RESOURCE_EXHAUSTED, 500),
     errors_pb2.ERROR_REASON_SESSION_ID_MISMATCH: Mapping(grpc.StatusCode.INVALID_ARGUMENT, 400),
     # Too deep or NaN (json_text's rules): the client's JSON, as any malformed request.
@@ -123,7 +131,7 @@ REASONS: dict[int, Mapping] = {
     # dead), which is the truth. ABORTED is not among Envoy's or grpc's
     # retriable codes (we list UNAVAILABLE only) and means "retry at a higher
     # level": start a new episode. As SESSION_DELETED, which it resembles.
-    errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED: Mapping(grpc.StatusCode.ABORTED, 410),
+    errors_pb2.ERROR_REASON_ENVIRONMENT_CRASHED: Mapping(grpc.StatusCode.ABORTED, 410, ends_episode=True),
 }
 
 #: Seconds to wait before retrying, per reason: sent as the `retry-after`
@@ -375,11 +383,23 @@ async def abort(context: grpc.aio.ServicerContext, error: ORSError) -> None:
     await context.abort(error.code, message, trailing_metadata=trailing_metadata(error))
 
 
+def _mapping(reason_name: str | None) -> Mapping | None:
+    """The row of an ORS reason's name (None: no reason, or one this table does not know)."""
+    if not reason_name:
+        return None
+    try:
+        return REASONS.get(errors_pb2.ErrorReason.Value(reason_name))
+    except ValueError:
+        return None
+
+
 def http_status_for(code: grpc.StatusCode, reason_name: str | None) -> int:
     """The HTTP status of a failed RPC: by its ORS reason, else by its code."""
-    if reason_name:
-        try:
-            return REASONS[errors_pb2.ErrorReason.Value(reason_name)].http_status
-        except (ValueError, KeyError):
-            pass
-    return GRPC_TO_HTTP.get(code, 500)
+    mapping = _mapping(reason_name)
+    return mapping.http_status if mapping is not None else GRPC_TO_HTTP.get(code, 500)
+
+
+def ends_episode(reason_name: str | None) -> bool:
+    """Whether a failed RPC's ORS reason says its episode is gone (`Mapping.ends_episode`)."""
+    mapping = _mapping(reason_name)
+    return mapping is not None and mapping.ends_episode

@@ -19,7 +19,7 @@ from ors_grpc._generated.ors.v1 import errors_pb2
 from ors_grpc.protocol.constants import STATUS_DETAILS_METADATA_KEY
 from ors_grpc.protocol.errors import (
     CRASH_CAUSE_KEY, CRASH_CAUSES, CRASH_EXIT_STATUS_KEY, CRASH_SIGNAL_KEY, REASONS, RETRY_AFTER_S,
-    environment_crashed, environment_crashed_from_exitcode, http_status_for, trailing_metadata,
+    ends_episode, environment_crashed, environment_crashed_from_exitcode, http_status_for, trailing_metadata,
 )
 from tests.support.bridge_http import parse_sse
 from tests.support.servers import ServeProcess, start_serve
@@ -41,6 +41,14 @@ def test_a_crashed_environment_is_aborted_410_never_retried_and_without_retry_af
     assert REASONS[CRASHED].http_status not in RETRIED_BY_STANDARD_CLIENTS
     assert CRASHED not in RETRY_AFTER_S
     assert "retry-after" not in dict(trailing_metadata(environment_crashed("stalled")))
+
+
+def test_only_reasons_that_end_the_episode_are_statuses_after_a_task_id() -> None:
+    ending = {errors_pb2.ErrorReason.Name(reason) for reason, row in REASONS.items() if row.ends_episode}
+    assert ending == {"ERROR_REASON_SESSION_NOT_FOUND", "ERROR_REASON_SESSION_DELETED", "ERROR_REASON_ENVIRONMENT_CRASHED"}
+    assert all(ends_episode(name) for name in ending)
+    assert not ends_episode("ERROR_REASON_MESSAGE_TOO_LARGE")
+    assert not ends_episode(None) and not ends_episode("") and not ends_episode("ERROR_REASON_NO_SUCH")
 
 
 @pytest.mark.parametrize("exitcode, cause, message, metadata", [
@@ -176,3 +184,38 @@ async def test_the_call_in_flight_when_its_process_dies_is_410_before_the_first_
         assert stream.names() == ["task_id", "error"]
         assert stream.data("error") == CRASHED_IN_FLIGHT
         assert stream.reasons == {"error": "ERROR_REASON_ENVIRONMENT_CRASHED"}
+
+
+#: The message limit of the server below: a `blob` of LIMIT_BYTES cannot go out, a small one can.
+LIMIT_BYTES = 65536
+
+
+@pytest.fixture(scope="module")
+def small_limit() -> Iterator[ServeProcess]:
+    with start_serve("tests.support.reliability_environments:SizesEnv", "--http-port", "0", "--in-process",
+                     "--max-message-bytes", str(LIMIT_BYTES)) as process:
+        yield process
+
+
+async def test_an_answer_over_the_limit_is_an_error_event_however_quick_and_the_episode_lives_on(
+        small_limit: ServeProcess) -> None:
+    """Only a reason that ends the episode is a status after the task id; a call's
+    answer over the limit is that call's failure, however quickly it came."""
+    async with aiohttp.ClientSession(base_url=small_limit.http_url) as http:
+        async with http.post("/create", json={"env_name": "sizesenv", "task_spec": {"tag": "big"}},
+                             headers={"X-Session-ID": "big"}) as response:
+            assert response.status == 200, await response.text()
+        for _ in range(3):  # each in a few ms: the quick path, which answered a 500
+            async with http.post("/sizesenv/call", json={"name": "blob", "input": {"size": LIMIT_BYTES}},
+                                 headers={"X-Session-ID": "big"}) as response:
+                assert response.status == 200, await response.text()
+                assert response.headers["Content-Type"] == "text/event-stream"
+                stream = parse_sse(await response.text())
+            assert stream.names() == ["task_id", "error"]
+            assert f"over the server's message limit of {LIMIT_BYTES} bytes" in stream.data("error")
+            assert stream.reasons == {"error": "ERROR_REASON_MESSAGE_TOO_LARGE"}
+        async with http.post("/sizesenv/call", json={"name": "blob", "input": {"size": 10}},
+                             headers={"X-Session-ID": "big"}) as response:
+            stream = parse_sse(await response.text())
+        assert stream.names() == ["task_id", "end"]
+        assert stream.result()["output"]["blocks"][0]["text"] == "x" * 10
