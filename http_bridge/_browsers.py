@@ -11,7 +11,7 @@ prepared by its handler, has them too).
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from typing import Optional
 
 from aiohttp import web
 
@@ -26,12 +26,9 @@ from ors_grpc.protocol.browser_policy import (
 
 from . import _convert as convert
 
-__all__ = ["browser_checks", "install_cors"]
+__all__ = ["browser_refusal", "install_cors"]
 
 logger = logging.getLogger("http_bridge")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 #: The request's allowed cross origin, for its answer's CORS headers.
 _CORS_ORIGIN = "ors_cors_origin"
@@ -42,32 +39,29 @@ def _refuse(status: int, detail: str, error: str) -> web.Response:
     return web.Response(status=status, text=convert.dumps({"detail": detail}), content_type="application/json")
 
 
-def browser_checks(policy: BrowserPolicy) -> Middleware:
-    """The middleware applying `policy`: 421 for a foreign `Host`, 403 for a
-    foreign `Origin` on a method that can change state (or its preflight),
-    204 with CORS headers for an allowed origin's preflight."""
-
-    @web.middleware
-    async def check_browser(request: web.Request, handler: Handler) -> web.StreamResponse:
-        headers = request.headers
-        host = headers.get("Host")
-        if not policy.host_allowed(host):
-            return _refuse(421, FOREIGN_HOST_DETAIL, "foreign_host")
-        origin = headers.get("Origin")
-        if origin is None:
-            return await handler(request)
-        kind = policy.origin_kind(origin, host)
-        if is_preflight(request.method, headers):
-            if kind is OriginKind.FOREIGN:
-                return _refuse(403, FOREIGN_ORIGIN_DETAIL, "foreign_origin")
-            return web.Response(status=204, headers=policy.preflight_headers(origin))
-        if kind is OriginKind.FOREIGN and request.method not in READ_ONLY_METHODS:
+def browser_refusal(policy: BrowserPolicy, request: web.Request) -> Optional[web.Response]:
+    """The answer `policy` gives `request` before its route, if any: 421 for
+    a foreign `Host`, 403 for a foreign `Origin` on a method that can change
+    state (or its preflight), 204 with CORS headers for an allowed origin's
+    preflight. None: the request goes on (an allowed origin noted for its
+    answer's CORS headers)."""
+    headers = request.headers
+    host = headers.get("Host")
+    if not policy.host_allowed(host):
+        return _refuse(421, FOREIGN_HOST_DETAIL, "foreign_host")
+    origin = headers.get("Origin")
+    if origin is None:
+        return None
+    kind = policy.origin_kind(origin, host)
+    if is_preflight(request.method, headers):
+        if kind is OriginKind.FOREIGN:
             return _refuse(403, FOREIGN_ORIGIN_DETAIL, "foreign_origin")
-        if kind is OriginKind.ALLOWED:
-            request[_CORS_ORIGIN] = origin
-        return await handler(request)
-
-    return check_browser
+        return web.Response(status=204, headers=policy.preflight_headers(origin))
+    if kind is OriginKind.FOREIGN and request.method not in READ_ONLY_METHODS:
+        return _refuse(403, FOREIGN_ORIGIN_DETAIL, "foreign_origin")
+    if kind is OriginKind.ALLOWED:
+        request[_CORS_ORIGIN] = origin
+    return None
 
 
 async def _add_cors_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:

@@ -8,7 +8,7 @@ ignored (newer `openreward` clients send some). A bad body raises `BadRequest`
 Text becomes protobuf strings, which must be UTF-8: a lone surrogate (JSON
 `"\ud800"`, or undecodable header bytes, which aiohttp keeps as surrogates)
 is refused here with HTTP 400 (`check_text`, `parse_body`; headers and paths
-in the `guard_request` middleware), never left to fail as a 500.
+in `_http_server.check_request`), never left to fail as a 500.
 
 Responses are JSON text in the reference's key order. User JSON (task specs,
 schemas, `detail`, `metadata`) arrives from the backend as JSON text
@@ -592,28 +592,31 @@ def raw_json(value: types_pb2.JsonValue, present: bool = True) -> Raw:
     return Raw(text)
 
 
-def _image_json(image: types_pb2.ImageBlock) -> dict[str, Any]:
-    return {
-        # The base64 alphabet needs no JSON escaping: skip the encoder's scan.
-        "data": Raw('"' + base64.b64encode(image.data).decode("ascii") + '"'),
-        "mimeType": image.mime_type,
-        "detail": raw_json(image.detail, image.HasField("detail")),
-        "type": "image",
-    }
+# Blocks are written as JSON text at once (and spliced as `Raw`): a tool
+# result is one or two of them, and every `/call` answers one.
 
 
-def _text_json(text: types_pb2.TextBlock) -> dict[str, Any]:
-    return {"text": text.text, "detail": raw_json(text.detail, text.HasField("detail")), "type": "text"}
+def _image_json(image: types_pb2.ImageBlock) -> Raw:
+    # The base64 alphabet needs no JSON escaping: no encoder scans it.
+    data = base64.b64encode(image.data).decode("ascii")
+    return Raw(f'{{"data":"{data}","mimeType":{_encode_string(image.mime_type)},'
+               f'"detail":{raw_json(image.detail, image.HasField("detail"))},"type":"image"}}')
 
 
-def _block(block: types_pb2.Block) -> dict[str, Any]:
+def _text_json(text: types_pb2.TextBlock) -> Raw:
+    return Raw(f'{{"text":{_encode_string(text.text)},"detail":{raw_json(text.detail, text.HasField("detail"))},'
+               '"type":"text"}')
+
+
+def _block(block: types_pb2.Block) -> Raw:
     if block.WhichOneof("block") == "image":
         return _image_json(block.image)
     return _text_json(block.text)
 
 
-def blocks_json(blocks: Iterable[types_pb2.Block]) -> list[dict[str, Any]]:
-    return [_block(block) for block in blocks]
+def blocks_json(blocks: Iterable[types_pb2.Block]) -> Raw:
+    """Blocks as a JSON array (text, spliced by `dumps`)."""
+    return Raw(f'[{",".join([_block(block) for block in blocks])}]')
 
 
 def _message_block(block: types_pb2.MessageBlock) -> dict[str, Any]:
@@ -706,17 +709,11 @@ def run_tool_result_json(result: types_pb2.RunToolResult) -> str:
     if result.WhichOneof("outcome") == "error":
         return dumps({"ok": False, "error": result.error, "reason": RUN_TOOL_ERROR_REASON.name(result.reason)})
     output = result.output
-    return dumps(
-        {
-            "ok": True,
-            "output": {
-                "blocks": blocks_json(output.blocks),
-                "metadata": raw_json(output.metadata, output.HasField("metadata")),
-                "reward": output.reward if output.HasField("reward") else None,
-                "finished": output.finished,
-            },
-        }
-    )
+    # Written at once (the hottest answer there is), key for key what `dumps` would write of the same dict.
+    reward = _scalar(output.reward) if output.HasField("reward") else "null"
+    return (f'{{"ok":true,"output":{{"blocks":{blocks_json(output.blocks)},'
+            f'"metadata":{raw_json(output.metadata, output.HasField("metadata"))},"reward":{reward},'
+            f'"finished":{"true" if output.finished else "false"}}}}}')
 
 
 def score_group_result_json(result: service_pb2.ScoreGroupResult) -> str:

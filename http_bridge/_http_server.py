@@ -8,7 +8,9 @@
   arrive within `header_timeout_s` of the connection opening or of the
   previous answer (aiohttp's keep-alive timer, which also closes idle
   connections then).
-- Request bodies must arrive within `body_timeout_s` (`guard_request`).
+- Request bodies must arrive within `body_timeout_s`, and one declared over
+  the app's `client_max_size` is refused before it is read (`check_request`,
+  `receive_body`).
 - At most `max_connections` connections; one more is answered 503 and closed.
 - Every client error, aiohttp's own parser errors included, is JSON
   `{"detail": ...}` with at most one WARNING line, no traceback.
@@ -25,7 +27,7 @@ import json
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Optional
 
 from aiohttp import http_exceptions, web
 from aiohttp.web_protocol import RequestHandler
@@ -34,7 +36,7 @@ from ors_grpc.protocol.constants import MAX_REQUEST_HEAD_BYTES, MAX_REQUEST_HEAD
 
 from . import _convert as convert
 
-__all__ = ["HttpLimits", "GuardedRunner", "guard_request", "default_max_connections"]
+__all__ = ["HttpLimits", "GuardedRunner", "body_pending", "check_request", "default_max_connections", "receive_body"]
 
 logger = logging.getLogger("http_bridge")
 
@@ -43,9 +45,6 @@ logger = logging.getLogger("http_bridge")
 MAX_HEADER_BYTES = 128 * 1024
 HEADER_TIMEOUT_S = 30.0
 BODY_TIMEOUT_S = 60.0
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 def default_max_connections() -> int:
     """Three quarters of the process's file descriptors (the rest are for the
@@ -77,31 +76,43 @@ LIMITS = web.AppKey("http_limits", HttpLimits)
 # --------------------------------------------------------------------------
 
 
-@web.middleware
-async def guard_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """400 for a path or header that is not UTF-8 text (aiohttp keeps
-    undecodable bytes as lone surrogates, which protobuf refuses); 408 for a
-    body that does not arrive within the body timeout. Runs before every
-    route, so a new route is covered without a change of its own."""
+def check_request(request: web.Request) -> None:
+    """413 for a declared body over the app's `client_max_size`, before
+    anything reads it; 400 (BadRequest) for a path or header that is not
+    UTF-8 text (aiohttp keeps undecodable bytes as lone surrogates, which
+    protobuf refuses). Run before every route, so a new route is covered
+    without a change of its own."""
+    limit = request.client_max_size
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
     convert.check_text(request.path, "the URL path")
     headers = request.headers
     if not "".join(headers.values()).isascii():  # (only text beyond ASCII can hold a lone surrogate)
         for name, value in headers.items():
             convert.check_text(value, f"the {name} header")
-    # A body already all in (a small one arrives with its head) has no wait to bound: no timer for it.
-    if request.body_exists and not request.content.is_eof():
-        try:
-            async with asyncio.timeout(request.app[LIMITS].body_timeout_s):
-                await request.read()  # kept by aiohttp: the route's read() gets it
-        except TimeoutError:
-            logger.warning("http_client_error status=408 error=body_timeout")
-            response = web.Response(
-                status=408, text=convert.dumps({"detail": "Request body not received in time"}),
-                content_type="application/json",
-            )
-            response.force_close()
-            return response
-    return await handler(request)
+
+
+def body_pending(request: web.Request) -> bool:
+    """Whether some of the request's body has yet to arrive (a small body
+    arrives with its head: no wait to bound, no timer for it)."""
+    return request.body_exists and not request.content.is_eof()
+
+
+async def receive_body(request: web.Request) -> Optional[web.Response]:
+    """Read the rest of the body (kept by aiohttp: the route's read() gets
+    it); a 408 answer if it does not arrive within the body timeout."""
+    try:
+        async with asyncio.timeout(request.app[LIMITS].body_timeout_s):
+            await request.read()
+    except TimeoutError:
+        logger.warning("http_client_error status=408 error=body_timeout")
+        response = web.Response(
+            status=408, text=convert.dumps({"detail": "Request body not received in time"}),
+            content_type="application/json",
+        )
+        response.force_close()
+        return response
+    return None
 
 
 # --------------------------------------------------------------------------

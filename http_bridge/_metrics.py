@@ -17,7 +17,7 @@ from prometheus_client import Counter, Histogram
 
 from ors_grpc.observability.metrics import DURATION_BUCKETS
 
-__all__ = ["REQUESTS", "REQUEST_SECONDS", "FinalStatus", "record_metrics", "route_pattern"]
+__all__ = ["REQUESTS", "REQUEST_SECONDS", "record_metrics", "route_pattern", "status_of"]
 
 #: A client that leaves before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -44,24 +44,14 @@ def route_pattern(request: web.Request) -> Optional[str]:
     return resource.canonical if resource is not None else None
 
 
-class FinalStatus:
-    """The status a request is answered with, as a middleware around `handler` sees it: the
-    response's or the HTTP exception's; CLIENT_CLOSED_REQUEST if the client left; else 500."""
-
-    def __init__(self) -> None:
-        self.status = 500
-
-    async def handle(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            self.status = exc.status
-            raise
-        except asyncio.CancelledError:
-            self.status = CLIENT_CLOSED_REQUEST  # the client left: not the server's error
-            raise
-        self.status = response.status
-        return response
+def status_of(error: BaseException) -> int:
+    """The status of a request whose handler raised `error`, as a middleware around it sees it:
+    the HTTP exception's; CLIENT_CLOSED_REQUEST if the client left; else 500."""
+    if isinstance(error, web.HTTPException):
+        return error.status
+    if isinstance(error, asyncio.CancelledError):
+        return CLIENT_CLOSED_REQUEST  # the client left: not the server's error
+    return 500
 
 
 @web.middleware
@@ -69,13 +59,18 @@ async def record_metrics(request: web.Request, handler: Handler) -> web.StreamRe
     """Count and time every request. Installed outermost, so the statuses it
     sees are the final ones (after the error middleware and redirects)."""
     started = time.perf_counter()
-    final = FinalStatus()
+    status = 500
     try:
-        return await final.handle(request, handler)
+        response = await handler(request)
+        status = response.status
+        return response
+    except BaseException as exc:
+        status = status_of(exc)
+        raise
     finally:
         method = request.method if request.method in KNOWN_METHODS else "other"
         route = route_pattern(request)
-        count, seconds = _request_metrics(route if route is not None else UNMATCHED_ROUTE, method, final.status)
+        count, seconds = _request_metrics(route if route is not None else UNMATCHED_ROUTE, method, status)
         count.inc()
         seconds.observe(time.perf_counter() - started)
 

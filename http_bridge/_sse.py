@@ -85,7 +85,9 @@ def error_event(message: str, reason: str | None) -> Event:
 
 def chunk_events(payload: str) -> list[Event]:
     """The payload as `chunk`* then `end` events, CHUNK_CHARS characters each."""
-    pieces = [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
+    if len(payload) <= CHUNK_CHARS:  # most payloads
+        return [("end", payload)]
+    pieces = [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)]
     return [("chunk", piece) for piece in pieces[:-1]] + [("end", pieces[-1])]
 
 

@@ -29,8 +29,8 @@ from ors_grpc.protocol.routed_ids import door_address, routed_id, session_key
 
 from . import _convert as convert
 from ._backend import EnvNames, call_metadata, error_reason, open_channel, retry_after
-from ._browsers import browser_checks, install_cors
-from ._http_server import LIMITS, GuardedRunner, HttpLimits, guard_request
+from ._browsers import browser_refusal, install_cors
+from ._http_server import LIMITS, GuardedRunner, HttpLimits, body_pending, check_request, receive_body
 from ._metrics import record_metrics
 from ._sse import Event, SSEWriter, chunk_events, done_within, error_event, sse_response, wants_event_stream
 from . import _openapi, _static, _tracing
@@ -77,6 +77,7 @@ class BridgeConfig:
 CONFIG = web.AppKey("config", BridgeConfig)
 STUB = web.AppKey("stub", EnvironmentServiceStub)
 ENV_NAMES = web.AppKey("env_names", EnvNames)
+BROWSER_POLICY = web.AppKey("browser_policy", BrowserPolicy)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -131,7 +132,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return _rpc_error(exc)
     except UnicodeEncodeError:
         # Request text protobuf refused (a route's input not checked by
-        # _convert or guard_request): the client's, so 400, and unquoted.
+        # _convert or check_request): the client's, so 400, and unquoted.
         return _error("Request text is not valid UTF-8 (undecodable bytes or a lone surrogate)", 400)
     except web.HTTPRequestEntityTooLarge:
         return _error(_body_too_large(request.content_length, request.app[CONFIG].max_body_bytes), 413)
@@ -176,32 +177,48 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> web.Response:
 
 
 @web.middleware
-async def limit_body(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """413 for a declared body over the limit, before anything reads it."""
-    limit = request.app[CONFIG].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+async def before_routes(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The checks every request passes before its route, in order: the
+    browser policy (`_browsers`), the request's own limits (`_http_server`),
+    the default environment (`_default_env`). Plain functions in one
+    middleware rather than one middleware each: a handler's every wake-up
+    passes back through each middleware's frame around it."""
+    refusal = browser_refusal(request.app[BROWSER_POLICY], request)
+    if refusal is not None:
+        return refusal
+    check_request(request)
+    if body_pending(request):
+        refusal = await receive_body(request)
+        if refusal is not None:
+            return refusal
+    refusal = await _default_env(request)
+    if refusal is not None:
+        return refusal
     return await handler(request)
 
 
-@web.middleware
-async def default_env_redirect(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _default_env(request: web.Request) -> Optional[web.Response]:
     """308 from a bare environment route (`/tools`, `/call`, ...) to the default (first)
     environment's, as the reference does; 404 naming the hosted environments for
     `/{unknown}/...`, where the reference's 308 would lead to a bare 404."""
     segments = request.path.strip("/").split("/")
     first_segment = segments[0].lower()
-    if first_segment not in ROOT_SEGMENTS:
-        names = await request.app[ENV_NAMES].get(call_metadata(request))
-        if names and first_segment not in names:
-            if len(segments) == 1 and first_segment in _env_route_names():
-                location = f"/{names[0]}{request.rel_url.raw_path}"
-                if request.query_string:
-                    location += f"?{request.query_string}"
-                raise web.HTTPPermanentRedirect(location)
-            if len(segments) > 1:
-                return _error(unknown_environment(segments[0], names), 404)
-    return await handler(request)
+    if first_segment in ROOT_SEGMENTS:
+        return None
+    metadata = call_metadata(request)
+    env_names = request.app[ENV_NAMES]
+    names = env_names.cached(metadata)
+    if names is None:
+        names = await env_names.get(metadata)
+    if names and first_segment not in names:
+        if len(segments) == 1 and first_segment in _env_route_names():
+            location = f"/{names[0]}{request.rel_url.raw_path}"
+            if request.query_string:
+                location += f"?{request.query_string}"
+            raise web.HTTPPermanentRedirect(location)
+        if len(segments) > 1:
+            return _error(unknown_environment(segments[0], names), 404)
+    return None
 
 
 @functools.cache
@@ -518,6 +535,13 @@ def _routes() -> list[web.RouteDef]:
         web.post("/ping", ping),
         web.post("/delete", delete_episode),
         web.post("/delete_session", delete_session),
+        # aiohttp tries the `/{env}/...` patterns one by one, in this order:
+        # an episode's own routes first (five calls and a prompt an episode).
+        web.post("/{env}/call", call_tool),
+        web.get("/{env}/prompt", get_prompt),
+        web.get("/{env}/task_tools", task_tools),
+        web.get("/{env}/messages", get_messages),
+        web.post("/{env}/score_group", score_group),
         web.get("/{env}/tools", list_tools),
         web.get("/{env}/splits", list_splits),
         web.post("/{env}/tasks", list_tasks),
@@ -526,14 +550,9 @@ def _routes() -> list[web.RouteDef]:
         web.post("/{env}/get_task", get_task),
         web.post("/{env}/task_range", get_task_range),
         web.post("/{env}/get_task_range", get_task_range),
-        web.get("/{env}/prompt", get_prompt),
-        web.get("/{env}/task_tools", task_tools),
-        web.post("/{env}/call", call_tool),
         web.post("/{env}/prepare", prepare_episodes),
         web.post("/{env}/cancel_prepared", cancel_prepared),
         web.get("/{env}/episode", episode_record),
-        web.get("/{env}/messages", get_messages),
-        web.post("/{env}/score_group", score_group),
         web.get("/server_stats", server_stats),
     ]
 
@@ -581,11 +600,11 @@ def create_app(
     """
     policy = browser_policy or BrowserPolicy.for_bind("127.0.0.1")
     app = web.Application(
-        middlewares=[record_metrics, browser_checks(policy), errors_as_json, limit_body, guard_request,
-                     default_env_redirect],
+        middlewares=[record_metrics, errors_as_json, before_routes],
         client_max_size=max_body_bytes,
     )
     install_cors(app, policy)
+    app[BROWSER_POLICY] = policy
     app[LIMITS] = http_limits
     app[CONFIG] = BridgeConfig(
         backend_target=backend_target,

@@ -156,13 +156,27 @@ class EnvNames:
         self._ttl_s = ttl_s
         self._by_key: dict[str, tuple[float, list[str]]] = {}
 
+    def cached(self, metadata: Metadata) -> Optional[list[str]]:
+        """The names fetched under this metadata's API key within the TTL (None: `get` asks the backend)."""
+        entry = self._by_key.get(_api_key_entry(metadata))
+        if entry is None or time.monotonic() - entry[0] > self._ttl_s:
+            return None
+        return entry[1]
+
     async def get(self, metadata: Metadata) -> list[str]:
-        api_key = dict(metadata).get(API_KEY_METADATA_KEY, "")
-        fetched_at, names = self._by_key.get(api_key, (float("-inf"), []))
-        if time.monotonic() - fetched_at > self._ttl_s:
+        names = self.cached(metadata)
+        if names is None:
             response = await self._stub.ListEnvironments(service_pb2.ListEnvironmentsRequest(), metadata=metadata)
             names = [name.lower() for name in response.names]
             if len(self._by_key) >= self.MAX_KEYS:
                 self._by_key.clear()
-            self._by_key[api_key] = (time.monotonic(), names)
+            self._by_key[_api_key_entry(metadata)] = (time.monotonic(), names)
         return names
+
+
+def _api_key_entry(metadata: Metadata) -> str:
+    """The `x-api-key` entry of a request's metadata ("" without one)."""
+    for key, value in metadata:
+        if key == API_KEY_METADATA_KEY:
+            return value
+    return ""
