@@ -581,42 +581,45 @@ def _scalar(value: Any) -> str:
 _NULL = Raw("null")
 
 
+def _compact(text: str) -> str:
+    """User JSON text as one line: pretty-printed text is written again,
+    since SSE data lines cannot hold newlines."""
+    if "\n" in text or "\r" in text:
+        return _scalar(json.loads(text))
+    return text
+
+
 def raw_json(value: types_pb2.JsonValue, present: bool = True) -> Raw:
     """User JSON from the backend, or `null` when unset."""
     if not present or not value.json:
         return _NULL
-    text = value.json
-    if "\n" in text or "\r" in text:
-        # Pretty-printed: compact it, since SSE data lines cannot hold newlines.
-        text = _scalar(json.loads(text))
-    return Raw(text)
+    return Raw(_compact(value.json))
 
 
-# Blocks are written as JSON text at once (and spliced as `Raw`): a tool
-# result is one or two of them, and every `/call` answers one.
+def _detail(block: Any) -> str:
+    """A block's `detail` as JSON text (`null` when unset)."""
+    return _compact(block.detail.json) or "null" if block.HasField("detail") else "null"
 
 
-def _image_json(image: types_pb2.ImageBlock) -> Raw:
-    # The base64 alphabet needs no JSON escaping: no encoder scans it.
-    data = base64.b64encode(image.data).decode("ascii")
-    return Raw(f'{{"data":"{data}","mimeType":{_encode_string(image.mime_type)},'
-               f'"detail":{raw_json(image.detail, image.HasField("detail"))},"type":"image"}}')
+# Text and image blocks are written as JSON text at once (spliced as `Raw`):
+# a tool result holds one or two, and every `/call` answers one.
 
 
-def _text_json(text: types_pb2.TextBlock) -> Raw:
-    return Raw(f'{{"text":{_encode_string(text.text)},"detail":{raw_json(text.detail, text.HasField("detail"))},'
-               '"type":"text"}')
-
-
-def _block(block: types_pb2.Block) -> Raw:
+def _block_text(block: types_pb2.Block | types_pb2.MessageBlock) -> str:
+    """A text or image block (of a Block or MessageBlock) as JSON text."""
     if block.WhichOneof("block") == "image":
-        return _image_json(block.image)
-    return _text_json(block.text)
+        image = block.image
+        # The base64 alphabet needs no JSON escaping: no encoder scans it.
+        data = base64.b64encode(image.data).decode("ascii")
+        return (f'{{"data":"{data}","mimeType":{_encode_string(image.mime_type)},"detail":{_detail(image)},'
+                '"type":"image"}')
+    text = block.text
+    return f'{{"text":{_encode_string(text.text)},"detail":{_detail(text)},"type":"text"}}'
 
 
 def blocks_json(blocks: Iterable[types_pb2.Block]) -> Raw:
     """Blocks as a JSON array (text, spliced by `dumps`)."""
-    return Raw(f'[{",".join([_block(block) for block in blocks])}]')
+    return Raw("[" + ",".join([_block_text(block) for block in blocks]) + "]")
 
 
 def _message_block(block: types_pb2.MessageBlock) -> dict[str, Any]:
@@ -648,7 +651,7 @@ def _message_block(block: types_pb2.MessageBlock) -> dict[str, Any]:
             "detail": raw_json(result.detail, result.HasField("detail")),
             "type": "tool_result",
         }
-    return _image_json(block.image) if kind == "image" else _text_json(block.text)
+    return Raw(_block_text(block))
 
 
 def messages_json(messages: Iterable[types_pb2.Message]) -> list[dict[str, Any]]:
@@ -710,10 +713,10 @@ def run_tool_result_json(result: types_pb2.RunToolResult) -> str:
         return dumps({"ok": False, "error": result.error, "reason": RUN_TOOL_ERROR_REASON.name(result.reason)})
     output = result.output
     # Written at once (the hottest answer there is), key for key what `dumps` would write of the same dict.
+    metadata = _compact(output.metadata.json) or "null" if output.HasField("metadata") else "null"
     reward = _scalar(output.reward) if output.HasField("reward") else "null"
-    return (f'{{"ok":true,"output":{{"blocks":{blocks_json(output.blocks)},'
-            f'"metadata":{raw_json(output.metadata, output.HasField("metadata"))},"reward":{reward},'
-            f'"finished":{"true" if output.finished else "false"}}}}}')
+    return (f'{{"ok":true,"output":{{"blocks":{blocks_json(output.blocks)},"metadata":{metadata},'
+            f'"reward":{reward},"finished":{"true" if output.finished else "false"}}}}}')
 
 
 def score_group_result_json(result: service_pb2.ScoreGroupResult) -> str:

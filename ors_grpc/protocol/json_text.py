@@ -104,8 +104,28 @@ def _finite_float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
+_SCAN = _DECODER.scan_once
+_OPENINGS, _BYTE_OPENINGS = ("{", "["), (b"{", b"[")
+_JSON_SPACE = " \t\n\r"
+
+
 def _parse(text: str | bytes) -> Any:
-    """`json.loads(text)` (bytes in any UTF of JSON, a BOM refused alike), through `_DECODER`."""
+    """`json.loads(text)` (bytes in any UTF of JSON, a BOM refused alike), through `_DECODER`.
+
+    The common text, an object or array from its first character (bytes:
+    UTF-8 by `json.detect_encoding`'s rule, a second byte that is not 0), is
+    scanned at once; any other, and any error, takes `json`'s own path, whose
+    errors are the ones raised."""
+    if type(text) is bytes and text[:1] in _BYTE_OPENINGS and text[1:2] != b"\0":
+        text = text.decode("utf-8", "surrogatepass")
+    if type(text) is str and text[:1] in _OPENINGS:
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:
+            pass  # not JSON: decode() below says where
+        else:
+            if end == len(text) or not text[end:].strip(_JSON_SPACE):
+                return value
     if isinstance(text, (bytes, bytearray)):
         text = text.decode(json.detect_encoding(text), "surrogatepass")
     elif not isinstance(text, str) or text.startswith("\ufeff"):
@@ -153,8 +173,20 @@ def jsonable(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-#: `dumps`'s encoder, made once (`json.dumps` with options makes one per call).
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False)
+#: `dumps`'s encoder, made once: json's C encoder itself where there is one
+#: (`json.dumps` makes one per call, through two Python methods); without
+#: the check for circular references, so that it can be shared (a cycle
+#: nests without end: JsonLimitError, as anything too deep).
+_C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, jsonable, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=jsonable, allow_nan=False,
+                            check_circular=False)
+
+
+def _encode(value: Any) -> str:
+    if _C_ENCODER is None:
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODER(value, 0))
 
 
 def dumps(value: Any, field: str = "the value") -> str:
@@ -163,7 +195,7 @@ def dumps(value: Any, field: str = "the value") -> str:
     naming `field` when it breaks a rule (NaN is refused by the encoder, the
     depth checked on what it writes)."""
     try:
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except RecursionError:
         raise JsonLimitError(f"{field}: {_TOO_DEEP}") from None
     except ValueError as exc:
