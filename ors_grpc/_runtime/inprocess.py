@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple, Optional, Sequence
 
@@ -124,7 +125,8 @@ class _StreamCall:
     _END = object()
 
     def __init__(
-        self, open_stream: Callable[[_Context], Awaitable[Optional[AsyncIterator[Any]]]], context: _Context
+        self, open_stream: Callable[[_Context], Awaitable[Optional[AsyncIterator[Any]]]], context: _Context,
+        name: str,
     ) -> None:
         self._context = context
         # Messages nobody has read yet, and the read waiting for the next one:
@@ -133,7 +135,8 @@ class _StreamCall:
         self._reader: Optional[asyncio.Future[Any]] = None
         self._error: Optional[grpc.aio.AioRpcError] = None
         self._ended = False
-        self.task = asyncio.get_running_loop().create_task(self._run(open_stream))
+        # Named by its method: a task without a name has one formatted for it.
+        self.task = asyncio.get_running_loop().create_task(self._run(open_stream), name=name)
 
     def _put(self, message: Any) -> None:
         reader, self._reader = self._reader, None
@@ -212,10 +215,11 @@ class InProcessChannel:
         add_servicer(servicer, registry)
         self._handlers = registry.handlers
         self._interceptors = tuple(interceptors)
-        # Their chain, built once: each call goes through the same links.
+        # Their chain, built once: each call goes through the same links, each
+        # interceptor's `intercept_service` called with the next as its continuation.
         continuation: Callable[[_CallDetails], Any] = self._lookup
         for interceptor in reversed(self._interceptors):
-            continuation = _chained(interceptor, continuation)
+            continuation = functools.partial(interceptor.intercept_service, continuation)
         self._intercepted = continuation
         self._streams: set[asyncio.Task[None]] = set()
 
@@ -279,7 +283,7 @@ class InProcessChannel:
                     return None
                 return messages
 
-            stream = _StreamCall(open_stream, _Context(invocation_metadata))
+            stream = _StreamCall(open_stream, _Context(invocation_metadata), method)
             self._streams.add(stream.task)
             stream.task.add_done_callback(self._streams.discard)
             return stream
@@ -304,12 +308,3 @@ class InProcessChannel:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
-
-
-def _chained(
-    interceptor: grpc.aio.ServerInterceptor, continuation: Callable[[_CallDetails], Any]
-) -> Callable[[_CallDetails], Any]:
-    async def next_handler(details: _CallDetails) -> Optional[grpc.RpcMethodHandler]:
-        return await interceptor.intercept_service(continuation, details)
-
-    return next_handler
