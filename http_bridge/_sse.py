@@ -73,7 +73,7 @@ def _frame(name: str, data: str, reason: str = "") -> str:
 
 
 def _frames(events: Iterable[Event]) -> bytes:
-    return "".join(_frame(*event) for event in events).encode()
+    return "".join([_frame(*event) for event in events]).encode()
 
 
 def error_event(message: str, reason: str | None) -> Event:
