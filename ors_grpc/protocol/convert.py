@@ -104,8 +104,9 @@ def _write_block(target: types_pb2.Block | types_pb2.MessageBlock, block: TextBl
 
 def write_blocks(target: Any, blocks: Sequence[Any]) -> None:
     """Prompt or output blocks (models, or dicts of their JSON shape), added to `target` (a repeated Block field)."""
+    blocks = list(blocks)  # (any iterable an environment returned)
     if not all(isinstance(block, (TextBlock, ImageBlock)) for block in blocks):  # (models, the usual, pass as they are)
-        blocks = _BLOCKS.validate_python(list(blocks))
+        blocks = _BLOCKS.validate_python(blocks)
     for block in blocks:
         _write_block(target.add(), block)
 
