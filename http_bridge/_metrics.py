@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from typing import Awaitable, Callable, Iterator, Optional
+from typing import Any, Awaitable, Callable, Iterator, Optional
 
 from aiohttp import web
 from prometheus_client import REGISTRY
@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 
 from ors_grpc.observability.metrics import DURATION_BUCKETS
 
-__all__ = ["REQUEST_METRICS", "RequestMetrics", "record_metrics", "route_pattern", "status_of"]
+__all__ = ["REQUEST_METRICS", "FinalStatus", "RequestMetrics", "record_metrics", "route_pattern"]
 
 #: A client that leaves before the answer (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
@@ -106,14 +106,29 @@ def route_pattern(request: web.Request) -> Optional[str]:
     return resource.canonical if resource is not None else None
 
 
-def status_of(error: BaseException) -> int:
-    """The status of a request whose handler raised `error`, as a middleware around it sees it:
-    the HTTP exception's; CLIENT_CLOSED_REQUEST if the client left; else 500."""
-    if isinstance(error, web.HTTPException):
-        return error.status
-    if isinstance(error, asyncio.CancelledError):
-        return CLIENT_CLOSED_REQUEST  # the client left: not the server's error
-    return 500
+class FinalStatus:
+    """The status a request is answered with, as a middleware around its handler sees it
+    (`with` around the handler's await, `answered` with what it returned): the response's,
+    the HTTP exception's, CLIENT_CLOSED_REQUEST if the client left, else 500."""
+
+    __slots__ = ("status",)
+
+    def __init__(self) -> None:
+        self.status = 500
+
+    def __enter__(self) -> "FinalStatus":
+        return self
+
+    def __exit__(self, kind: Any, error: Optional[BaseException], traceback: Any) -> bool:
+        if isinstance(error, web.HTTPException):
+            self.status = error.status
+        elif isinstance(error, asyncio.CancelledError):
+            self.status = CLIENT_CLOSED_REQUEST  # the client left: not the server's error
+        return False
+
+    def answered(self, response: web.StreamResponse) -> web.StreamResponse:
+        self.status = response.status
+        return response
 
 
 @web.middleware
@@ -121,16 +136,12 @@ async def record_metrics(request: web.Request, handler: Handler) -> web.StreamRe
     """Count and time every request. Installed outermost, so the statuses it
     sees are the final ones (after the error middleware and redirects)."""
     started = time.perf_counter()
-    status = 500
+    final = FinalStatus()
     try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except BaseException as exc:
-        status = status_of(exc)
-        raise
+        with final:
+            return final.answered(await handler(request))
     finally:
         method = request.method if request.method in KNOWN_METHODS else "other"
         route = route_pattern(request)
-        REQUEST_METRICS.record(route if route is not None else UNMATCHED_ROUTE, method, status,
+        REQUEST_METRICS.record(route if route is not None else UNMATCHED_ROUTE, method, final.status,
                                time.perf_counter() - started)

@@ -17,7 +17,7 @@ from aiohttp import web
 from ors_grpc.observability import tracing
 from ors_grpc.protocol.constants import SESSION_ID_HEADER
 
-from ._metrics import KNOWN_METHODS, route_pattern, status_of
+from ._metrics import KNOWN_METHODS, FinalStatus, route_pattern
 
 __all__ = ["install", "trace_requests"]
 
@@ -51,15 +51,11 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
         context=tracing.extract_context(request.headers), kind=SpanKind.SERVER, attributes=attributes,
         record_exception=False, set_status_on_exception=False,
     ) as span:
-        status = 500
+        final = FinalStatus()
         try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except BaseException as exc:
-            status = status_of(exc)
-            raise
+            with final:
+                return final.answered(await handler(request))
         finally:
-            span.set_attribute("http.response.status_code", status)
-            if status >= 500:
+            span.set_attribute("http.response.status_code", final.status)
+            if final.status >= 500:
                 span.set_status(Status(StatusCode.ERROR))
