@@ -22,14 +22,17 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import os
 import shlex
 import signal
 import socket
 import ssl
+import sys
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import grpc
 
@@ -38,6 +41,7 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
+from ors_grpc._runtime.loop_monitor import STALL_WARNING_S
 from ors_grpc._runtime.service import environment_map, toolset_map
 from ors_grpc._runtime.workers.placement import worker_count
 from ors_grpc._runtime.workers.startup import WorkerStartupError, unimportable
@@ -263,17 +267,36 @@ async def bridge(
 
 class _ServeSignals:
     """What the stop signals of `serve` asked for: the first SIGTERM a drain;
-    SIGINT, or any signal after the first, a stop at once."""
+    SIGINT, or any signal after the first, a stop at once. The event loop
+    takes them (`received`); one held by environments' code (`--in-process`)
+    takes none, so a signal that comes while an earlier one has waited for
+    the loop over `STALL_WARNING_S` exits the process at once (`arrived`)."""
 
     def __init__(self) -> None:
         self.drain = asyncio.Event()
         self.stop = asyncio.Event()
+        #: When the oldest signal the loop has not taken yet arrived (monotonic); None: it took them all.
+        self.waiting_since: float | None = None
 
     def received(self, signum: int) -> None:
+        self.waiting_since = None
         if signum == signal.SIGTERM and not (self.drain.is_set() or self.stop.is_set()):
             self.drain.set()
         else:
             self.stop.set()
+
+    def arrived(self, signum: int) -> None:
+        """Runs in the main thread as the signal arrives, between two bytecodes of whatever runs
+        there, environments' code holding the loop included (C code holding the GIL excepted)."""
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+        elif now - self.waiting_since >= STALL_WARNING_S:
+            logger.error("stop_forced signal=%s waited_s=%.1f: the event loop has not taken the stop signals, "
+                         "environments' code holds it (the event_loop_stalled line names it); exiting without "
+                         "ending the episodes", signal.Signals(signum).name, now - self.waiting_since)
+            sys.stderr.flush()
+            os._exit(128 + signum)
 
 
 @contextlib.contextmanager
@@ -284,11 +307,26 @@ def _serve_signals() -> Iterator[_ServeSignals]:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, signals.received, signum)
+        _also_on_arrival(signum, signals.arrived)
     try:
         yield signals
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+def _also_on_arrival(signum: int, arrived: Callable[[int], None]) -> None:
+    """Calls `arrived(signum)` from the Python-level handler of `signum`, after the one the event
+    loop installed (asyncio's and uvloop's only note the signal: the loop reads it off its wakeup
+    file descriptor, which the interpreter writes to whatever handler is installed)."""
+    loop_handler = signal.getsignal(signum)
+
+    def handler(number: int, frame: Any) -> None:
+        if callable(loop_handler):
+            loop_handler(number, frame)
+        arrived(number)
+
+    signal.signal(signum, handler)
 
 
 #: How to stop `serve` at once while it drains (`_ServeSignals`), in the drain's log line and on stdout.
