@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import importlib.metadata
 import importlib.util
@@ -100,6 +101,7 @@ async def serve(
     session left is torn down. With TLS every door serves it, from the same
     certificate and key."""
     names = check_environments(environments)
+    faulthandler.enable(all_threads=False)  # a fatal signal (a native library's SIGSEGV) prints where the code was
     config = contained_by_default(environments, toolsets, config)
     ssl_context = https_context(config.tls_cert, config.tls_key)
     start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
