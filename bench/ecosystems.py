@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from bench.ecosystem_doors import REASONING_GYM_SPEC
 from bench.servers import ServerProcess, ours_server, run_load
 from bench.stats import fmt_ms
-from ors_grpc.serving import extra_install_command
+from ors_grpc.extras import extra_install_command
 
 OPENENV_CLASSES = ("bench.openenv_env:CountEnvironment", "bench.openenv_env:CountAction",
                    "bench.openenv_env:CountObservation")

@@ -19,19 +19,14 @@ import asyncio
 import contextlib
 import faulthandler
 import gc
-import importlib.metadata
 import importlib.util
-import json
 import logging
 import os
-import shlex
 import signal
 import socket
 import ssl
 import sys
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 
@@ -47,6 +42,7 @@ from ors_grpc._runtime.service import environment_map, toolset_map
 from ors_grpc._runtime.workers.placement import worker_count
 from ors_grpc._runtime.workers.startup import WorkerStartupError, unimportable
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
+from ors_grpc.extras import extra_install_command
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES
@@ -504,20 +500,3 @@ def _mcp_door_starter() -> Any:
 def mcp_extra_install_command() -> str:
     """The pip command that adds the `mcp` extra (see `extra_install_command`)."""
     return extra_install_command("mcp")
-
-
-def extra_install_command(extra: str) -> str:
-    """The pip command that adds `extra` to this installation of ors-grpc: from the
-    checkout or wheel it was installed from (pip records it in `direct_url.json`), editable if it is."""
-    # The first installation that has the record (a checkout's own `ors_grpc.egg-info` has none).
-    texts = (dist.read_text("direct_url.json") for dist in importlib.metadata.distributions(name="ors-grpc"))
-    try:
-        record = json.loads(next((text for text in texts if text), "{}"))
-    except ValueError:
-        record = {}
-    url = urllib.parse.urlsplit(record.get("url", ""))
-    if url.scheme != "file":
-        return f"pip install '.[{extra}]' in the ors-grpc checkout"
-    where = urllib.request.url2pathname(url.path)
-    editable = "-e " if record.get("dir_info", {}).get("editable") else ""
-    return f"pip install {editable}{shlex.quote(where + f'[{extra}]')}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ors_grpc.serving import extra_install_command
+from ors_grpc.extras import extra_install_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
