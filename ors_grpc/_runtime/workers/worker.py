@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -255,6 +256,7 @@ def main() -> None:
 def run(socket_path: str, worker_id: int, parent_pid: int) -> NoReturn:
     """Serve as worker `worker_id` on the hop at `socket_path`, killed with `parent_pid` (this process's parent)."""
     die_with_parent(parent_pid)
+    faulthandler.enable(all_threads=False)  # a fatal signal prints where environments' code was, in the server's log
     user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
     # The stdlib loop, not uvloop (which the server runs on): the stall limit kills a worker whose loop
