@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
+from ors_grpc._runtime.event_loop import fastest_event_loop
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
@@ -257,10 +258,8 @@ def run(socket_path: str, worker_id: int, parent_pid: int) -> NoReturn:
     die_with_parent(parent_pid)
     user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
-    # The stdlib loop, not uvloop (which the server runs on): the stall limit kills a worker whose loop
-    # one callback holds, and only the stdlib loop runs each callback in a Python frame of its own
-    # (`loop_monitor.held_s`); uvloop would save about a third of a worker's CPU per call.
-    asyncio.run(serve(socket_path, worker_id))
+    with asyncio.Runner(loop_factory=fastest_event_loop()) as runner:  # the server's loop, uvloop
+        runner.run(serve(socket_path, worker_id))
     _exit()  # sync code still running in threads must not keep a worker alive after its server
 
 
