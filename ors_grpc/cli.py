@@ -34,6 +34,7 @@ from typing import Any, Callable, NoReturn, Sequence
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from ors_grpc import __version__, serving  # noqa: E402  (after the fork-support setting)
+from ors_grpc._runtime.event_loop import fastest_event_loop  # noqa: E402
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
 from ors_grpc._runtime.workers.connection import KILL_GRACE_S  # noqa: E402
@@ -463,22 +464,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     _configure_logging(args.log_level)
     command = {"serve": _serve, "bridge": _bridge, "drain": _drain}[args.command]
     try:
-        with asyncio.Runner(loop_factory=_fastest_event_loop()) as runner:
+        with asyncio.Runner(loop_factory=fastest_event_loop()) as runner:
             runner.run(command(args))
     except StartupError as exc:
         print(f"ors-grpc {args.command}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_STARTUP_ERROR)
     _exit_despite_stuck_user_code()
-
-
-def _fastest_event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (a dependency on Linux and macOS): the
-    HTTP door serves about a quarter more episodes per second on it."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _exit_despite_stuck_user_code() -> None:
