@@ -37,6 +37,7 @@ from ors_grpc._runtime.workers.hop import (
 )
 from ors_grpc._runtime.workers.startup import load
 from ors_grpc.observability import tracing
+from ors_grpc.observability.log_lines import configure_logging
 
 logger = logging.getLogger("ors_grpc.worker")
 
@@ -166,18 +167,12 @@ def _connect(socket_path: str) -> socket.socket:
     return connection
 
 
-def configure_logging(worker: str, level: int) -> None:
-    """Log lines to stderr, tagged with the worker's id (replacing a forked child's template's handler)."""
-    logging.basicConfig(level=level, stream=sys.stderr, force=True,
-                        format=f"time=%(asctime)s level=%(levelname)s worker={worker} logger=%(name)s msg=%(message)s")
-
-
 async def serve(socket_path: str, worker_id: int) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=_connect(socket_path))
     write_frame(writer, Hello(worker_id, os.getpid()))
     setup: Setup = await read_frame(reader)
     sys.path[:] = setup.sys_path
-    configure_logging(str(worker_id), setup.log_level)
+    configure_logging(setup.log_level, worker=str(worker_id), force=True)
     tracing.enabled()  # as the server decided, from the same OTEL_* environment
     try:
         environments = {name: load(spec) for name, spec in setup.environments.items()}
