@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
-from ors_grpc.observability import metrics
+from ors_grpc.observability import metrics, tracing
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
 from ors_grpc._runtime.episode_record import EpisodeRecorder
 from ors_grpc._runtime.environment_host import EpisodeHost
@@ -83,10 +83,6 @@ def _refused_as_finished(name: str) -> CallOutcome:
 
 async def _at_once(outcome: CallOutcome) -> CallOutcome:
     return outcome
-
-
-def _failure_message(outcome: CallOutcome) -> str | None:
-    return outcome.failed_because
 
 
 def _crashed(exc: Exception) -> ORSError | None:
@@ -311,7 +307,7 @@ class SessionToolCalls:
             logger.warning("toolset_instantiation_failed tool=%s error=%s", name, message)
             return CallOutcome(failure=message)
         if isinstance(marks, RunToolOutput):  # not_found, name_collision: counted as refused
-            return await metrics.timed_tool_call(host, name, _at_once(CallOutcome(result=marks)))
+            return await self._timed(host, name, _at_once(CallOutcome(result=marks)), live_view=False)
         if self.finished:
             return _refused_as_finished(name)
         if marks.exclusive:
@@ -335,14 +331,36 @@ class SessionToolCalls:
             async with gate.shared():
                 return await self._run_in_turn(host, name, tool_input)
 
-    async def _run_in_turn(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+    def _run_in_turn(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> Awaitable[CallOutcome]:
+        """The call, once it has its turn (to await: no coroutine of its own)."""
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
-            return _refused_as_finished(name)
-        call = metrics.timed_tool_call(host, name, self._run_tool(host, name, tool_input))
-        if self._counters is None:
-            return await call
-        return await self._counters.timed_call(name, call, _failure_message)
+            return _at_once(_refused_as_finished(name))
+        return self._timed(host, name, self._run_tool(host, name, tool_input))
+
+    async def _timed(
+        self, host: EpisodeHost, name: str, call: Awaitable[CallOutcome], live_view: bool = True
+    ) -> CallOutcome:
+        """Awaits a call, counted in flight and then by duration and outcome in
+        the metrics and (`live_view`) the live view's counters, traced when
+        tracing is on: one coroutine for all of them."""
+        series = metrics.tool_call_series(host.env_cls, name)
+        if tracing.tracer is not None:
+            call = tracing.traced_tool_call(host, series.tool, call)
+        counters = self._counters if live_view else None
+        counted = counters.call_started() if counters is not None else 0.0
+        started = series.start()
+        try:
+            outcome = await call
+        except BaseException:
+            series.end(started, "cancelled")
+            if counters is not None:
+                counters.call_stopped()
+            raise
+        series.end(started, metrics.call_outcome(outcome))
+        if counters is not None:
+            counters.call_ended(name, counted, outcome.failed_because)
+        return outcome
 
     async def _run_tool(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         started = time.monotonic()
