@@ -128,10 +128,16 @@ class ToolCallTask:
     #: The call's `call_fingerprint` when it was started under an idempotency key.
     fingerprint: str | None = None
 
-    def __init__(self, task_id: str, task: asyncio.Task[CallOutcome], kind: str = TOOL_CALL) -> None:
+    def __init__(
+        self, task_id: str, task: asyncio.Task[CallOutcome], kind: str = TOOL_CALL,
+        ended: asyncio.Future[None] | None = None,
+    ) -> None:
         self.task_id = task_id
         self._task = task
         self.kind = kind
+        #: Woken by the call's own task as it ends, for the first wait (its
+        #: starter's): no done callbacks, one turn of the loop fewer.
+        self._ended = ended
 
     @property
     def done(self) -> bool:
@@ -139,7 +145,11 @@ class ToolCallTask:
 
     async def outcome(self) -> CallOutcome:
         """Wait for the outcome. Cancelling this wait leaves the tool running."""
-        await _until_done(self._task)
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            await ended  # (cancelling this wait cancels only `ended`)
+        if not self._task.done():  # a later wait, or the task was cancelled before it ran
+            await _until_done(self._task)
         if self._task.cancelled():  # only `release` cancels: the session ended
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         return self._task.result()
@@ -147,7 +157,13 @@ class ToolCallTask:
     def cancel(self) -> asyncio.Task[CallOutcome]:
         """Cancel the tool's task; returns it, to wait for its end."""
         self._task.cancel()
+        _wake_once(self._ended)  # a task cancelled before it ran never wakes it
         return self._task
+
+
+def _wake_once(ended: asyncio.Future[None] | None) -> None:
+    if ended is not None and not ended.done():  # (done: woken already, or its wait was cancelled)
+        ended.set_result(None)
 
 
 class SessionToolCalls:
@@ -207,11 +223,22 @@ class SessionToolCalls:
                            f"task_id must be 1 to {MAX_TASK_ID_LENGTH} characters")
         elif task_id in self._calls:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "task_id is already in use in this session")
-        task = asyncio.get_running_loop().create_task(work(), name=f"{label}-{task_id}")
-        call = ToolCallTask(task_id, task, kind)
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        task = loop.create_task(self._tracked(work(), task_id, ended), name=f"{label}-{task_id}")
+        call = ToolCallTask(task_id, task, kind, ended)
         self._calls[task_id] = call
-        task.add_done_callback(lambda _: self._on_done(task_id))
         return call
+
+    async def _tracked(self, work: Awaitable[CallOutcome], task_id: str, ended: asyncio.Future[None]) -> CallOutcome:
+        """A call's task: `work`, then its end noted and `ended` woken, by
+        the task itself rather than by done callbacks (which cost a turn of
+        the loop each): nothing runs between this and the task's end."""
+        try:
+            return await work
+        finally:
+            self._on_done(task_id)
+            _wake_once(ended)
 
     def run_once(self, key: str, fingerprint: str, start: Callable[[str], ToolCallTask]) -> ToolCallTask:
         """The call of idempotency key `key`: the one already started under
