@@ -23,7 +23,6 @@ import functools
 import hashlib
 import logging
 import time
-import uuid
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 from ors_grpc.observability import metrics, tracing
@@ -32,6 +31,7 @@ from ors_grpc._runtime.episode_record import EpisodeRecorder
 from ors_grpc._runtime.environment_host import EpisodeHost
 from ors_grpc.protocol import convert, json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
+from ors_grpc.protocol.random_ids import uuid4_hex
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.server_stats import EnvironmentCounters
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
@@ -217,7 +217,7 @@ class SessionToolCalls:
         self, work: Callable[[], Awaitable[CallOutcome]], label: str, task_id: str | None, kind: str
     ) -> ToolCallTask:
         if task_id is None:
-            task_id = uuid.uuid4().hex
+            task_id = uuid4_hex()
         elif not 0 < len(task_id) <= MAX_TASK_ID_LENGTH:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            f"task_id must be 1 to {MAX_TASK_ID_LENGTH} characters")

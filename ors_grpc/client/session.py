@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar, Union
 
@@ -21,6 +20,7 @@ from ors_grpc.client._message_formats import format_messages
 from ors_grpc.client._tool_formats import Provider, format_tools
 from ors_grpc.client.errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolFailedError
 from ors_grpc.client.types import EpisodeRecord
+from ors_grpc.protocol.random_ids import uuid4_hex, uuid4_text
 
 T = TypeVar("T")
 
@@ -148,7 +148,7 @@ class AsyncSession:
         # its own, routed by it to the backend that may hold its prepared episode.
         requested = self._requested_id
         self._requested_id = None
-        self.session_id = self._create_request.session_id = requested or str(uuid.uuid4())
+        self.session_id = self._create_request.session_id = requested or uuid4_text()
         pool = self._connection.episode_streams
         retries = 0
         while True:
@@ -173,7 +173,7 @@ class AsyncSession:
                     await asyncio.sleep(_CREATE_RETRY_DELAY_S * 2**retries)
                 retries += 1
                 requested = None
-                self.session_id = self._create_request.session_id = str(uuid.uuid4())
+                self.session_id = self._create_request.session_id = uuid4_text()
             except BaseException:  # cancelled: the server may have created it already
                 await asyncio.shield(self._release())
                 raise
@@ -504,7 +504,7 @@ class _Keyed:
     def key(self) -> str:
         """Made on first use: work asked on an episode stream (the common case) never needs one."""
         if self._key is None:
-            self._key = uuid.uuid4().hex
+            self._key = uuid4_hex()
         return self._key
 
 
@@ -544,7 +544,7 @@ def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 
 async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> ToolOutput:
     """A call_tool step under a task id chosen here (kept in `call`, to reattach); its outcome."""
-    call.task_id = uuid.uuid4().hex
+    call.task_id = uuid4_hex()
     answer = await stream.ask(pb.RunEpisodeRequest(call_tool=_convert.tool_call_step(call.name, call.input, call.task_id)))
     if answer.WhichOneof("step") == "error":
         raise ORSServerError.from_step_error(answer.error)
@@ -556,7 +556,7 @@ async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> 
 
 async def _score_on_episode_stream(stream: EpisodeStream, scoring: _PendingScoring) -> list[GroupScore]:
     """A score_group step under a task id chosen here (kept in `scoring`, to reattach); its outcome."""
-    scoring.task_id = uuid.uuid4().hex
+    scoring.task_id = uuid4_hex()
     step = pb.ScoreGroupStep(candidates=scoring.candidates, task_id=scoring.task_id)
     answer = await stream.ask(pb.RunEpisodeRequest(score_group=step))
     if answer.WhichOneof("step") == "error":
