@@ -569,7 +569,7 @@ def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> ToolOutput:
     """A call_tool step under a task id chosen here (kept in `call`, to reattach); its outcome."""
     call.task_id = uuid4_hex()
-    answer = await stream.ask(pb.RunEpisodeRequest(call_tool=_convert.tool_call_step(call.name, call.input, call.task_id)))
+    answer = await stream.ask(_convert.tool_call_step_request(call.name, call.input, call.task_id))
     if answer.WhichOneof("step") == "error":
         raise ORSServerError.from_step_error(answer.error)
     event = answer.call_tool
