@@ -273,7 +273,7 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
     step's `session_id`, may be empty or must say the same)."""
     if stream_sid is None:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "no episode on this stream: create one first")
-    if _key(named) not in ("", stream_sid):
+    if named and _key(named) not in ("", stream_sid):  # (most steps name none)
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
     return stream_sid
 
