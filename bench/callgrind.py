@@ -18,7 +18,9 @@ its sync code pinned to the loop (a thread hop depends on timing), and the HTTP 
 window is widened to 5 s (every `/call` answers in one response, however
 slow the server is under valgrind). ``--door floor-http`` / ``floor-grpc`` /
 ``floor-grpc-unary`` count the floors' bare servers (``bench/floors.py``)
-the same way. Needs valgrind (``apt-get install valgrind``).
+the same way. ``--worker`` serves ``--workers 1`` instead and counts the
+worker process apart (valgrind traces it), the hop's cost on both sides.
+Needs valgrind (``apt-get install valgrind``).
 """
 
 import argparse
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from bench.floors import SERVER_OF as FLOOR_SERVERS
 from bench.load import make_door, run_episode
+from bench.placements import descendants
 from bench.servers import REPO_ROOT, ServerProcess
 
 #: The server: serve as the CLI would, with the bridge's quick-result window widened (older trees lack it).
@@ -43,7 +46,8 @@ except (ImportError, AttributeError):
 from ors_grpc.cli import _parser, main
 try:  # environments' code in the server, where callgrind counts it (older trees serve it there by default)
     _parser().parse_args(["serve", "--in-process"])
-    sys.argv.append("--in-process")
+    if "--workers" not in sys.argv:
+        sys.argv.append("--in-process")
 except SystemExit:
     pass
 sys.exit(main())
@@ -57,13 +61,13 @@ def python_of(tree: Path) -> str:
     return str(own) if own.exists() else sys.executable
 
 
-def server_under_callgrind(tree: Path, door: str, out: Path) -> ServerProcess:
+def server_under_callgrind(tree: Path, door: str, out: Path, worker: bool = False) -> ServerProcess:
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-                f"--callgrind-out-file={out}/cg.%p", python_of(tree)]
+                *(["--trace-children=yes"] if worker else []), f"--callgrind-out-file={out}/cg.%p", python_of(tree)]
     if door in FLOOR_SERVERS:  # the floor's bare server, of this checkout (it has no code of the tree's)
         return ServerProcess(f"callgrind-{door}", [*valgrind, "-m", "bench.floors", FLOOR_SERVERS[door]])
-    argv = [*valgrind, "-c", _SERVE,
-            "serve", "bench.env:BenchEnv", "--port", "0", *(["--http-port", "0"] if door == "http" else [])]
+    argv = [*valgrind, "-c", _SERVE, "serve", "bench.env:BenchEnv", "--port", "0",
+            *(["--http-port", "0"] if door == "http" else []), *(["--workers", "1"] if worker else [])]
     server = ServerProcess(f"callgrind-{door}", argv, {"PYTHONPATH": str(tree), "ORS_BENCH_SYNC_CODE": "loop"})
     server.cwd = tree
     return server
@@ -88,37 +92,44 @@ def callgrind_control(*args: str) -> None:
 async def count_episodes(server: ServerProcess, door: str, args: argparse.Namespace) -> None:
     http = door in ("http", "floor-http")
     target = f"http://127.0.0.1:{server.ports['HTTP']}" if http else f"127.0.0.1:{server.ports['gRPC']}"
-    pid = str(server.proc.pid)
+    pids = [str(server.proc.pid), *map(str, descendants(server.proc.pid))]  # the server, and its worker
     async with make_door(door, target) as client:
         await run_episodes(client, args.warmup, args.workers)
-        callgrind_control("--instr=on", pid)
+        for pid in pids:
+            callgrind_control("--instr=on", pid)
         await run_episodes(client, args.episodes, args.workers)
-        callgrind_control("--dump", pid)
-        callgrind_control("--instr=off", pid)
+        for pid in pids:
+            callgrind_control("--dump", pid)
+            callgrind_control("--instr=off", pid)
 
 
-def per_thread(out: Path) -> dict[int, int]:
-    """Instructions of the first dump, by thread number (1 is the main thread: the event loop's)."""
+def per_thread(out: Path, pid: int) -> dict[int, int]:
+    """Instructions of `pid`'s first dump, by thread number (1 is the main thread: the event loop's)."""
     counted = {}
-    for path in out.glob("cg.*.1-*"):
+    for path in out.glob(f"cg.{pid}.1-*"):
         found = _TOTAL.search(path.read_text(errors="replace"))
         if found:
             counted[int(path.name.rpartition("-")[2])] = int(found.group(1))
     return counted
 
 
-def measure(tree: Path, door: str, args: argparse.Namespace) -> tuple[float, float]:
-    """(loop thread, other threads) instructions per episode, in millions."""
+def measure(tree: Path, door: str, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """(loop thread, other threads) instructions per episode, in millions: the server's, then (with
+    `--worker`) its worker process's."""
     with tempfile.TemporaryDirectory(prefix="ors-callgrind-") as out:
-        with server_under_callgrind(tree, door, Path(out)) as server:
+        with server_under_callgrind(tree, door, Path(out), args.worker) as server:
             server.start({"gRPC", "HTTP"} if door == "http" else {"HTTP"} if door == "floor-http" else {"gRPC"},
                          timeout=600)
+            pids = [server.proc.pid, *descendants(server.proc.pid)]
             asyncio.run(count_episodes(server, door, args))
-        counted = per_thread(Path(out))
-    if 1 not in counted:
-        raise RuntimeError(f"callgrind dumped no counts (threads: {sorted(counted)})")
-    loop = counted.pop(1)
-    return loop / args.episodes / 1e6, sum(counted.values()) / args.episodes / 1e6
+        counts = []
+        for pid in pids:
+            counted = per_thread(Path(out), pid)
+            if 1 not in counted:
+                raise RuntimeError(f"callgrind dumped no counts for {pid} (threads: {sorted(counted)})")
+            loop = counted.pop(1)
+            counts.append((loop / args.episodes / 1e6, sum(counted.values()) / args.episodes / 1e6))
+    return counts
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -132,6 +143,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--runs", type=int, default=1, help="runs per tree, interleaved")
+    parser.add_argument("--worker", action="store_true",
+                        help="serve with --workers 1 and count the worker process too (valgrind traces it)")
     return parser.parse_args(argv)
 
 
@@ -140,11 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     trees = args.tree or [REPO_ROOT]
     print(f"# server instructions per episode (M), {args.door} door, {args.episodes} episodes,"
           f" {args.workers} at a time, after {args.warmup}")
-    print(f"{'tree':<40} {'loop thread':>11} {'other threads':>13} {'all':>7}")
+    print(f"{'tree':<40} {'process':<7} {'loop thread':>11} {'other threads':>13} {'all':>7}")
     for _ in range(args.runs):
         for tree in trees:
-            loop, others = measure(tree.resolve(), args.door, args)
-            print(f"{str(tree)[-40:]:<40} {loop:>11.3f} {others:>13.3f} {loop + others:>7.3f}", flush=True)
+            counts = measure(tree.resolve(), args.door, args)
+            for process, (loop, others) in zip(("server", "worker"), counts):
+                print(f"{str(tree)[-40:]:<40} {process:<7} {loop:>11.3f} {others:>13.3f} {loop + others:>7.3f}",
+                      flush=True)
+            if len(counts) > 1:
+                print(f"{str(tree)[-40:]:<40} {'both':<7} {sum(c[0] for c in counts):>11.3f}"
+                      f" {sum(c[1] for c in counts):>13.3f} {sum(sum(c) for c in counts):>7.3f}", flush=True)
     return 0
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from bench.ecosystem_doors import REASONING_GYM_SPEC
 from bench.servers import ServerProcess, ours_server, run_load
 from bench.stats import fmt_ms
+from ors_grpc.extras import extra_install_command
 
 OPENENV_CLASSES = ("bench.openenv_env:CountEnvironment", "bench.openenv_env:CountAction",
                    "bench.openenv_env:CountObservation")
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                                   ("openenv", "openenv", list(rows)[2:])]:
         if importlib.util.find_spec(module) is None:
             for label in labels:
-                rows[label].skipped = f"needs the {extra} extra: pip install 'ors-grpc[{extra}]'"
+                rows[label].skipped = f"needs the {extra} extra: {extra_install_command(extra)}"
     for _ in range(args.rounds):
         _round(rows, args)
     print(f"\n## Other ecosystems: {args.workers} workers, {args.duration:g} s (after {args.warmup:g} s warm-up),"

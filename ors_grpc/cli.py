@@ -34,12 +34,14 @@ from typing import Any, Callable, NoReturn, Sequence
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from ors_grpc import __version__, serving  # noqa: E402  (after the fork-support setting)
+from ors_grpc._runtime.event_loop import fastest_event_loop  # noqa: E402
 from ors_grpc._runtime.grpc_server import ServerConfig  # noqa: E402
 from ors_grpc._runtime.user_code import busy_user_code_threads  # noqa: E402
 from ors_grpc._runtime.workers.connection import KILL_GRACE_S  # noqa: E402
 from ors_grpc._runtime.workers.placement import worker_count  # noqa: E402
 from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S  # noqa: E402
 from ors_grpc.loading import environment_sources, load_environments, load_toolset  # noqa: E402
+from ors_grpc.observability.log_lines import configure_logging  # noqa: E402
 from ors_grpc.protocol.constants import (  # noqa: E402
     API_KEY_HEADER,
     API_KEY_METADATA_KEY,
@@ -444,41 +446,20 @@ async def _drain(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="time=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
-    )
-    # grpc's asyncio layer logs `Loaded running loop` at DEBUG for every
-    # call: at DEBUG it would drown the server's own lines.
-    logging.getLogger("grpc._cython.cygrpc").setLevel(max(logging.INFO, logging.getLevelName(level)))
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve" and args.isolation and args.workers == 0:
         parser.error("argument --isolation: not allowed with argument --in-process")
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level)
     command = {"serve": _serve, "bridge": _bridge, "drain": _drain}[args.command]
     try:
-        with asyncio.Runner(loop_factory=_fastest_event_loop()) as runner:
+        with asyncio.Runner(loop_factory=fastest_event_loop()) as runner:
             runner.run(command(args))
     except StartupError as exc:
         print(f"ors-grpc {args.command}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_STARTUP_ERROR)
     _exit_despite_stuck_user_code()
-
-
-def _fastest_event_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (a dependency on Linux and macOS): the
-    HTTP door serves about a quarter more episodes per second on it."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def _exit_despite_stuck_user_code() -> None:

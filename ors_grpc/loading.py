@@ -19,7 +19,8 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from ors_grpc.authoring.environment import Environment
-from ors_grpc.serving import StartupError, extra_install_command
+from ors_grpc.extras import extra_install_command
+from ors_grpc.serving import StartupError
 
 __all__ = ["ENVIRONMENT_SOURCES_GROUP", "environment_sources", "load_class", "load_environment", "load_environments",
            "load_toolset"]

@@ -20,6 +20,7 @@ from ors_grpc import serving
 from ors_grpc._runtime.grpc_server import RunningServer, ServerConfig, create_server
 from ors_grpc._runtime.inprocess import InProcessChannel
 from ors_grpc._runtime.service import ToolsetRegistry, environment_map, toolset_map
+from ors_grpc.observability.log_lines import configure_logging
 from ors_grpc._runtime.workers.startup import stop_a_script_serving_in_a_worker
 from ors_grpc.authoring.environment import Environment
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY
@@ -67,7 +68,7 @@ class Server:
         """Serve until SIGINT or a drain (SIGTERM), then tear every session left down."""
         stop_a_script_serving_in_a_worker()  # a worker loading this script (no main guard) stops here
         if not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO)
+            configure_logging(logging.INFO)  # the lines `ors-grpc serve` and the workers write
         try:
             asyncio.run(serving.serve(self.environments, host=host, port=grpc_port, http_port=port,
                                       config=self.config, toolsets=self.toolsets))

@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
-import importlib.metadata
 import importlib.util
-import json
 import logging
-import shlex
+import os
 import signal
 import socket
 import ssl
-import urllib.parse
-import urllib.request
+import sys
+import time
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import grpc
 
@@ -38,10 +37,12 @@ from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
+from ors_grpc._runtime.loop_monitor import STALL_WARNING_S
 from ors_grpc._runtime.service import environment_map, toolset_map
 from ors_grpc._runtime.workers.placement import worker_count
 from ors_grpc._runtime.workers.startup import WorkerStartupError, unimportable
 from ors_grpc.authoring.environment import Environment, ToolSignatureError
+from ors_grpc.extras import extra_install_command
 from ors_grpc.observability.metrics import start_metrics_server
 from ors_grpc.protocol.browser_policy import BrowserPolicy
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES
@@ -96,6 +97,7 @@ async def serve(
     session left is torn down. With TLS every door serves it, from the same
     certificate and key."""
     names = check_environments(environments)
+    faulthandler.enable(all_threads=False)  # a fatal signal (a native library's SIGSEGV) prints where the code was
     config = contained_by_default(environments, toolsets, config)
     ssl_context = https_context(config.tls_cert, config.tls_key)
     start_mcp_door = _mcp_door_starter() if mcp_port is not None else None
@@ -263,17 +265,36 @@ async def bridge(
 
 class _ServeSignals:
     """What the stop signals of `serve` asked for: the first SIGTERM a drain;
-    SIGINT, or any signal after the first, a stop at once."""
+    SIGINT, or any signal after the first, a stop at once. The event loop
+    takes them (`received`); one held by environments' code (`--in-process`)
+    takes none, so a signal that comes while an earlier one has waited for
+    the loop over `STALL_WARNING_S` exits the process at once (`arrived`)."""
 
     def __init__(self) -> None:
         self.drain = asyncio.Event()
         self.stop = asyncio.Event()
+        #: When the oldest signal the loop has not taken yet arrived (monotonic); None: it took them all.
+        self.waiting_since: float | None = None
 
     def received(self, signum: int) -> None:
+        self.waiting_since = None
         if signum == signal.SIGTERM and not (self.drain.is_set() or self.stop.is_set()):
             self.drain.set()
         else:
             self.stop.set()
+
+    def arrived(self, signum: int) -> None:
+        """Runs in the main thread as the signal arrives, between two bytecodes of whatever runs
+        there, environments' code holding the loop included (C code holding the GIL excepted)."""
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+        elif now - self.waiting_since >= STALL_WARNING_S:
+            logger.error("stop_forced signal=%s waited_s=%.1f: the event loop has not taken the stop signals, "
+                         "environments' code holds it (the event_loop_stalled line names it); exiting without "
+                         "ending the episodes", signal.Signals(signum).name, now - self.waiting_since)
+            sys.stderr.flush()
+            os._exit(128 + signum)
 
 
 @contextlib.contextmanager
@@ -284,11 +305,26 @@ def _serve_signals() -> Iterator[_ServeSignals]:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, signals.received, signum)
+        _also_on_arrival(signum, signals.arrived)
     try:
         yield signals
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+def _also_on_arrival(signum: int, arrived: Callable[[int], None]) -> None:
+    """Calls `arrived(signum)` from the Python-level handler of `signum`, after the one the event
+    loop installed (asyncio's and uvloop's only note the signal: the loop reads it off its wakeup
+    file descriptor, which the interpreter writes to whatever handler is installed)."""
+    loop_handler = signal.getsignal(signum)
+
+    def handler(number: int, frame: Any) -> None:
+        if callable(loop_handler):
+            loop_handler(number, frame)
+        arrived(number)
+
+    signal.signal(signum, handler)
 
 
 #: How to stop `serve` at once while it drains (`_ServeSignals`), in the drain's log line and on stdout.
@@ -464,20 +500,3 @@ def _mcp_door_starter() -> Any:
 def mcp_extra_install_command() -> str:
     """The pip command that adds the `mcp` extra (see `extra_install_command`)."""
     return extra_install_command("mcp")
-
-
-def extra_install_command(extra: str) -> str:
-    """The pip command that adds `extra` to this installation of ors-grpc: from the
-    checkout or wheel it was installed from (pip records it in `direct_url.json`), editable if it is."""
-    # The first installation that has the record (a checkout's own `ors_grpc.egg-info` has none).
-    texts = (dist.read_text("direct_url.json") for dist in importlib.metadata.distributions(name="ors-grpc"))
-    try:
-        record = json.loads(next((text for text in texts if text), "{}"))
-    except ValueError:
-        record = {}
-    url = urllib.parse.urlsplit(record.get("url", ""))
-    if url.scheme != "file":
-        return f"pip install '.[{extra}]' in the ors-grpc checkout"
-    where = urllib.request.url2pathname(url.path)
-    editable = "-e " if record.get("dir_info", {}).get("editable") else ""
-    return f"pip install {editable}{shlex.quote(where + f'[{extra}]')}"

@@ -23,7 +23,7 @@ collect_ignore = ["environments/test_mcp_door_tests.py"] if MCP_EXTRA_INSTALLED 
 #: Suites the README's test command (`pytest`) leaves out for time, marked `heavy` (a file, or test
 #: ids within one, `*` any text):
 #: `.ci/run` runs them with `pytest -m heavy` (and, where they start `serve`, in worker mode).
-#: Each starts what takes seconds to start or run: a real browser, load balancers (nginx, Envoy)
+#: Each starts what takes seconds to start or run: a real browser, load balancers (nginx, HAProxy, Envoy)
 #: in front of several servers, other languages' toolchains (Go, Java, Node.js), the benchmark,
 #: a virtualenv of its own (the MCP door's tests), faults that kill worker processes, or the
 #: documentation's examples once more under openreward's own server.
@@ -32,6 +32,7 @@ HEAVY_SUITES = (
     "tests/playground/test_browser_origins.py",
     "tests/deploy/test_drain.py",
     "tests/deploy/test_envoy.py",
+    "tests/deploy/test_haproxy.py",
     "tests/deploy/test_scaleout.py",
     "tests/deploy/test_warm_routing.py",
     "tests/client/test_generation.py",

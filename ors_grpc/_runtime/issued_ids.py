@@ -12,7 +12,8 @@ issues no more ids, still creates an episode under an id it issued within
 from __future__ import annotations
 
 import time
-import uuid
+
+from ors_grpc.protocol.random_ids import uuid4_text
 
 __all__ = ["ISSUED_ID_TTL_S", "IssuedIds"]
 
@@ -32,7 +33,7 @@ class IssuedIds:
         """A new random session id (a uuid4), remembered."""
         now = time.monotonic()
         self._forget_older_than(now - self._ttl_s)
-        sid = str(uuid.uuid4())
+        sid = uuid4_text()
         self._issued[sid] = now
         return sid
 

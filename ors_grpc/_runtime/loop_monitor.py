@@ -90,6 +90,8 @@ class LoopMonitor:
         self._thread: Optional[threading.Thread] = None
         self._loop_thread_id: Optional[int] = None  # learnt from the first probe
         self._held_since: Optional[float] = None  # when the callback running now was first seen running
+        #: The frame that runs the loop, beneath each callback's own (uvloop's; None on the stdlib loop).
+        self._beneath: Any = None
 
     def lag_s(self) -> float:
         """The loop's lag now: how long the unanswered probe has waited, else
@@ -114,12 +116,19 @@ class LoopMonitor:
         return None if thread_id is None else user_code_call_in(thread_id)
 
     def _running_callback(self) -> Any:
-        """The frame of the callback (`Handle._run`) running on the loop now, or None: the same
-        object for as long as that one callback runs, a new one for the next."""
+        """The frame of the callback running on the loop now, or None: the same object for as long
+        as that one callback runs, a new one for the next. The stdlib loop runs each callback in a
+        frame of `Handle._run`; uvloop runs it from C, so its outermost frame is the one whose caller
+        is the frame that runs the loop (`_beneath`). A task's steps share their coroutine's frame,
+        but a loop runs a task at most once per turn, and the probe waits for at most two turns."""
         thread_id = self._loop_thread_id
         frame = None if thread_id is None else sys._current_frames().get(thread_id)
+        beneath = self._beneath
         while frame is not None and frame.f_code is not _HANDLE_RUN:
-            frame = frame.f_back
+            caller = frame.f_back
+            if caller is not None and caller is beneath:
+                return frame
+            frame = caller
         return frame
 
     def _look_at_callback(self, held_by: Any) -> Any:
@@ -139,6 +148,8 @@ class LoopMonitor:
 
     def _answer(self) -> None:  # on the loop
         self._loop_thread_id = threading.get_ident()
+        caller = sys._getframe(1)  # what runs the loop (uvloop), or the callback's Handle._run (stdlib)
+        self._beneath = caller if caller.f_code is not _HANDLE_RUN else None
         self._answered.set()
 
     def _run(self) -> None:
@@ -180,8 +191,8 @@ class LoopMonitor:
             self._stopped.wait(self.interval_s)
 
 
-#: The code every callback of an asyncio event loop runs in (the stdlib's loops; a callback's frame
-#: of it is the callback's identity while it runs).
+#: The code every callback of the stdlib's event loops runs in (a callback's frame of it is the
+#: callback's identity while it runs; uvloop's callbacks have none).
 _HANDLE_RUN = asyncio.events.Handle._run.__code__
 
 

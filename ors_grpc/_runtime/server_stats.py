@@ -15,11 +15,9 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable, TypeVar
+from typing import Callable
 
 __all__ = ["EnvironmentCounters", "RecentError", "ServerStats", "WINDOW_S"]
-
-T = TypeVar("T")
 
 #: Seconds the rates and latencies look back.
 WINDOW_S = 60.0
@@ -55,20 +53,22 @@ class EnvironmentCounters:
         self._errors: deque[RecentError] = deque(maxlen=RECENT_ERRORS)
         self.in_flight = 0
 
-    async def timed_call(self, name: str, call: Awaitable[T], failure: Callable[[T], str | None]) -> T:
-        """Await one tool call, counting it in flight, then its duration, and
-        its failure (`failure(outcome)`: the message, or None) as an error."""
+    def call_started(self) -> float:
+        """A tool call starts: counted in flight; returns its start, for `call_ended`."""
         self.in_flight += 1
-        started = self._clock()
-        try:
-            outcome = await call
-        finally:
-            self.in_flight -= 1
+        return self._clock()
+
+    def call_ended(self, name: str, started: float, failure: str | None) -> None:
+        """The call of tool `name` that started at `started` ended: its
+        duration counted, and its failure (the message, or None) as an error."""
+        self.in_flight -= 1
         self._ended(started)
-        message = failure(outcome)
-        if message is not None:
-            self.error(f"tool {name}", message)
-        return outcome
+        if failure is not None:
+            self.error(f"tool {name}", failure)
+
+    def call_stopped(self) -> None:
+        """A started call was cancelled (its session ended): out of flight, not counted."""
+        self.in_flight -= 1
 
     def error(self, source: str, message: str) -> None:
         """Keep an error (a bounded few, the oldest dropped)."""

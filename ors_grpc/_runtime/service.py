@@ -18,7 +18,6 @@ import inspect
 import ipaddress
 import logging
 import time
-import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence, Union
 
 import grpc
@@ -44,6 +43,7 @@ from ors_grpc._runtime.tool_calls import SCORE_GROUP, call_fingerprint
 from ors_grpc._runtime.warm_pool import MAX_PREPARE_PER_REQUEST
 from ors_grpc.authoring.types import ListToolsOutput, Message, Split
 from ors_grpc.protocol.constants import API_KEY_METADATA_KEY, SESSION_ID_METADATA_KEY
+from ors_grpc.protocol.random_ids import uuid4_text
 from ors_grpc.protocol.routed_ids import routed_id, session_key
 
 __all__ = ["EnvironmentService", "environment_map", "toolset_map"]
@@ -265,7 +265,7 @@ def _key(sid: str) -> str:
 
 
 def _new_session_id() -> str:
-    return str(uuid.uuid4())
+    return uuid4_text()
 
 
 def _stream_session_id(named: str, stream_sid: str | None) -> str:
@@ -273,7 +273,7 @@ def _stream_session_id(named: str, stream_sid: str | None) -> str:
     step's `session_id`, may be empty or must say the same)."""
     if stream_sid is None:
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "no episode on this stream: create one first")
-    if _key(named) not in ("", stream_sid):
+    if named and _key(named) not in ("", stream_sid):  # (most steps name none)
         raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "session_id is not this stream's episode")
     return stream_sid
 

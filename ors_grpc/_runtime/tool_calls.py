@@ -23,15 +23,15 @@ import functools
 import hashlib
 import logging
 import time
-import uuid
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
-from ors_grpc.observability import metrics
+from ors_grpc.observability import metrics, tracing
 from ors_grpc._generated.ors.v1 import errors_pb2, types_pb2
 from ors_grpc._runtime.episode_record import EpisodeRecorder
 from ors_grpc._runtime.environment_host import EpisodeHost
 from ors_grpc.protocol import convert, json_text
 from ors_grpc.protocol.errors import ORSError, bounded_text
+from ors_grpc.protocol.random_ids import uuid4_hex
 from ors_grpc._runtime.exclusive_gate import ExclusiveGate
 from ors_grpc._runtime.server_stats import EnvironmentCounters
 from ors_grpc.authoring.types import GroupCandidate, GroupScore, RunToolError, RunToolOutput
@@ -85,10 +85,6 @@ async def _at_once(outcome: CallOutcome) -> CallOutcome:
     return outcome
 
 
-def _failure_message(outcome: CallOutcome) -> str | None:
-    return outcome.failed_because
-
-
 def _crashed(exc: Exception) -> ORSError | None:
     """`exc` if it says the environment's process ended under the call (the
     host raised ENVIRONMENT_CRASHED): not the tool's failure, the episode's end."""
@@ -132,10 +128,16 @@ class ToolCallTask:
     #: The call's `call_fingerprint` when it was started under an idempotency key.
     fingerprint: str | None = None
 
-    def __init__(self, task_id: str, task: asyncio.Task[CallOutcome], kind: str = TOOL_CALL) -> None:
+    def __init__(
+        self, task_id: str, task: asyncio.Task[CallOutcome], kind: str = TOOL_CALL,
+        ended: asyncio.Future[None] | None = None,
+    ) -> None:
         self.task_id = task_id
         self._task = task
         self.kind = kind
+        #: Woken by the call's own task as it ends, for the first wait (its
+        #: starter's): no done callbacks, one turn of the loop fewer.
+        self._ended = ended
 
     @property
     def done(self) -> bool:
@@ -143,7 +145,11 @@ class ToolCallTask:
 
     async def outcome(self) -> CallOutcome:
         """Wait for the outcome. Cancelling this wait leaves the tool running."""
-        await _until_done(self._task)
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            await ended  # (cancelling this wait cancels only `ended`)
+        if not self._task.done():  # a later wait, or the task was cancelled before it ran
+            await _until_done(self._task)
         if self._task.cancelled():  # only `release` cancels: the session ended
             raise ORSError(errors_pb2.ERROR_REASON_SESSION_DELETED, "Session deleted")
         return self._task.result()
@@ -151,7 +157,13 @@ class ToolCallTask:
     def cancel(self) -> asyncio.Task[CallOutcome]:
         """Cancel the tool's task; returns it, to wait for its end."""
         self._task.cancel()
+        _wake_once(self._ended)  # a task cancelled before it ran never wakes it
         return self._task
+
+
+def _wake_once(ended: asyncio.Future[None] | None) -> None:
+    if ended is not None and not ended.done():  # (done: woken already, or its wait was cancelled)
+        ended.set_result(None)
 
 
 class SessionToolCalls:
@@ -205,17 +217,28 @@ class SessionToolCalls:
         self, work: Callable[[], Awaitable[CallOutcome]], label: str, task_id: str | None, kind: str
     ) -> ToolCallTask:
         if task_id is None:
-            task_id = uuid.uuid4().hex
+            task_id = uuid4_hex()
         elif not 0 < len(task_id) <= MAX_TASK_ID_LENGTH:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST,
                            f"task_id must be 1 to {MAX_TASK_ID_LENGTH} characters")
         elif task_id in self._calls:
             raise ORSError(errors_pb2.ERROR_REASON_INVALID_REQUEST, "task_id is already in use in this session")
-        task = asyncio.get_running_loop().create_task(work(), name=f"{label}-{task_id}")
-        call = ToolCallTask(task_id, task, kind)
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        task = loop.create_task(self._tracked(work(), task_id, ended), name=f"{label}-{task_id}")
+        call = ToolCallTask(task_id, task, kind, ended)
         self._calls[task_id] = call
-        task.add_done_callback(lambda _: self._on_done(task_id))
         return call
+
+    async def _tracked(self, work: Awaitable[CallOutcome], task_id: str, ended: asyncio.Future[None]) -> CallOutcome:
+        """A call's task: `work`, then its end noted and `ended` woken, by
+        the task itself rather than by done callbacks (which cost a turn of
+        the loop each): nothing runs between this and the task's end."""
+        try:
+            return await work
+        finally:
+            self._on_done(task_id)
+            _wake_once(ended)
 
     def run_once(self, key: str, fingerprint: str, start: Callable[[str], ToolCallTask]) -> ToolCallTask:
         """The call of idempotency key `key`: the one already started under
@@ -311,7 +334,7 @@ class SessionToolCalls:
             logger.warning("toolset_instantiation_failed tool=%s error=%s", name, message)
             return CallOutcome(failure=message)
         if isinstance(marks, RunToolOutput):  # not_found, name_collision: counted as refused
-            return await metrics.timed_tool_call(host, name, _at_once(CallOutcome(result=marks)))
+            return await self._timed(host, name, _at_once(CallOutcome(result=marks)), live_view=False)
         if self.finished:
             return _refused_as_finished(name)
         if marks.exclusive:
@@ -335,14 +358,36 @@ class SessionToolCalls:
             async with gate.shared():
                 return await self._run_in_turn(host, name, tool_input)
 
-    async def _run_in_turn(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
+    def _run_in_turn(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> Awaitable[CallOutcome]:
+        """The call, once it has its turn (to await: no coroutine of its own)."""
         # Checked again: a call queued behind a finishing one must not run.
         if self.finished:
-            return _refused_as_finished(name)
-        call = metrics.timed_tool_call(host, name, self._run_tool(host, name, tool_input))
-        if self._counters is None:
-            return await call
-        return await self._counters.timed_call(name, call, _failure_message)
+            return _at_once(_refused_as_finished(name))
+        return self._timed(host, name, self._run_tool(host, name, tool_input))
+
+    async def _timed(
+        self, host: EpisodeHost, name: str, call: Awaitable[CallOutcome], live_view: bool = True
+    ) -> CallOutcome:
+        """Awaits a call, counted in flight and then by duration and outcome in
+        the metrics and (`live_view`) the live view's counters, traced when
+        tracing is on: one coroutine for all of them."""
+        series = metrics.tool_call_series(host.env_cls, name)
+        if tracing.tracer is not None:
+            call = tracing.traced_tool_call(host, series.tool, call)
+        counters = self._counters if live_view else None
+        counted = counters.call_started() if counters is not None else 0.0
+        started = series.start()
+        try:
+            outcome = await call
+        except BaseException:
+            series.end(started, "cancelled")
+            if counters is not None:
+                counters.call_stopped()
+            raise
+        series.end(started, metrics.call_outcome(outcome))
+        if counters is not None:
+            counters.call_ended(name, counted, outcome.failed_because)
+        return outcome
 
     async def _run_tool(self, host: EpisodeHost, name: str, tool_input: dict[str, Any]) -> CallOutcome:
         started = time.monotonic()

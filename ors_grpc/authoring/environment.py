@@ -67,6 +67,7 @@ __all__ = [
     "find_terminal_tool",
     "flatten_messages",
     "marks_of",
+    "not_a_tool",
     "overrides",
     "resolve_tool",
     "task_slice",
@@ -611,8 +612,13 @@ def resolve_tool(env: Environment, name: str, session_toolset: Any = None) -> Un
         ))
     fn = env_fn if has_env_tool else toolset_fn
     if fn is None:
-        return RunToolOutput(RunToolError(error=f"{name!r} is not a valid tool", reason="not_found"))
+        return not_a_tool(name)
     return fn
+
+
+def not_a_tool(name: str) -> RunToolOutput:
+    """The refusal of a call to `name`, which is no tool of the episode (not_found)."""
+    return RunToolOutput(RunToolError(error=f"{name!r} is not a valid tool", reason="not_found"))
 
 
 def tool_argument(fn: Callable[..., Any], input: JSONObject) -> Union[tuple[Any, ...], RunToolOutput]:

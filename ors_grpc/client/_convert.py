@@ -91,8 +91,16 @@ def tool_call(name: str, tool_input: Mapping[str, Any], task_id: Optional[str]) 
     return types_pb2.ToolCall(name=name, input=json_value(dict(tool_input)), task_id=task_id or "")
 
 
-def tool_call_step(name: str, tool_input: Mapping[str, Any], task_id: str) -> environment_service_pb2.ToolCallStep:
-    return environment_service_pb2.ToolCallStep(name=name, input=json_value(dict(tool_input)), task_id=task_id)
+def tool_call_step_request(
+    name: str, tool_input: Mapping[str, Any], task_id: str
+) -> environment_service_pb2.RunEpisodeRequest:
+    """A RunEpisode call_tool step, written in place (a constructor copies the messages given to it)."""
+    request = environment_service_pb2.RunEpisodeRequest()
+    step = request.call_tool
+    step.name = name
+    step.input.json = json_text.dumps(tool_input)
+    step.task_id = task_id
+    return request
 
 
 def terminal_tool(listing: Any) -> Optional[TerminalToolSpec]:

@@ -41,7 +41,8 @@ class EpisodeStream:
         self.route_key = route_key
         self._answered = False
         self._call = call
-        self._lock = asyncio.Lock()
+        #: A step is in flight (callers take a `free` stream: steps never queue).
+        self._busy = False
         self.broken = False
         self.reused = False
         self.idle_timer: asyncio.TimerHandle | None = None
@@ -49,7 +50,7 @@ class EpisodeStream:
     @property
     def free(self) -> bool:
         """Open (not broken, not ended by the server or a proxy) and not in the middle of another step."""
-        return self.open and not self._lock.locked()
+        return self.open and not self._busy
 
     @property
     def open(self) -> bool:
@@ -57,23 +58,27 @@ class EpisodeStream:
         return not self.broken and not self._call.done()
 
     async def ask(self, request: pb.RunEpisodeRequest) -> pb.RunEpisodeResponse:
-        """One step and its answer. Raises AioRpcError when the stream failed or ended early."""
-        async with self._lock:
-            try:
-                await self._call.write(request)
-                answer = await self._call.read()
-                if not self._answered and answer is not grpc.aio.EOF:
-                    self._answered = True
-                    self._adopt_route_key(await self._call.initial_metadata())
-            except asyncio.InvalidStateError:  # the call ended meanwhile (its backend died, say)
-                self.cancel()
-                raise grpc.aio.AioRpcError(
-                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                    details="the RunEpisode stream had ended",
-                ) from None
-            except BaseException:
-                self.cancel()
-                raise
+        """One step and its answer, on a `free` stream. Raises AioRpcError when the stream failed or ended early."""
+        if self._busy:
+            raise RuntimeError("a RunEpisode stream carries one step at a time: take a free one")
+        self._busy = True
+        try:
+            await self._call.write(request)
+            answer = await self._call.read()
+            if not self._answered and answer is not grpc.aio.EOF:
+                self._answered = True
+                self._adopt_route_key(await self._call.initial_metadata())
+        except asyncio.InvalidStateError:  # the call ended meanwhile (its backend died, say)
+            self.cancel()
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                details="the RunEpisode stream had ended",
+            ) from None
+        except BaseException:
+            self.cancel()
+            raise
+        finally:
+            self._busy = False
         if answer is grpc.aio.EOF:
             self.cancel()
             raise grpc.aio.AioRpcError(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar, Union
 
@@ -21,6 +20,7 @@ from ors_grpc.client._message_formats import format_messages
 from ors_grpc.client._tool_formats import Provider, format_tools
 from ors_grpc.client.errors import ORSServerError, ScoreGroupFailedError, ToolCallError, ToolFailedError
 from ors_grpc.client.types import EpisodeRecord
+from ors_grpc.protocol.random_ids import uuid4_hex, uuid4_text
 
 T = TypeVar("T")
 
@@ -116,6 +116,8 @@ class AsyncSession:
         self._create_request = create_request
         self._ping_interval_s = ping_interval_s
         self._reattach_attempts = reattach_attempts
+        #: The timer that starts pinging once the session has lived a ping interval, then the pinging task.
+        self._ping_timer: Optional[asyncio.TimerHandle] = None
         self._pinger: Optional[asyncio.Task[None]] = None
         self._stream_episode = stream_episode
         self._stream: Optional[EpisodeStream] = None
@@ -130,8 +132,13 @@ class AsyncSession:
     async def __aenter__(self) -> "AsyncSession":
         await _while_draining(self._create)
         self._connection.open_sessions.add(self)
-        self._pinger = asyncio.create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
+        # A timer, not a task asleep from the start: most episodes end before their first ping.
+        self._ping_timer = asyncio.get_running_loop().call_later(self._ping_interval_s, self._start_pinging)
         return self
+
+    def _start_pinging(self) -> None:
+        self._ping_timer = None
+        self._pinger = asyncio.get_running_loop().create_task(self._ping_forever(), name=f"ors-ping-{self.session_id}")
 
     async def _create(self) -> None:
         """Creates the episode under a new session id, on a stream or by RPCs."""
@@ -148,7 +155,7 @@ class AsyncSession:
         # its own, routed by it to the backend that may hold its prepared episode.
         requested = self._requested_id
         self._requested_id = None
-        self.session_id = self._create_request.session_id = requested or str(uuid.uuid4())
+        self.session_id = self._create_request.session_id = requested or uuid4_text()
         pool = self._connection.episode_streams
         retries = 0
         while True:
@@ -173,7 +180,7 @@ class AsyncSession:
                     await asyncio.sleep(_CREATE_RETRY_DELAY_S * 2**retries)
                 retries += 1
                 requested = None
-                self.session_id = self._create_request.session_id = str(uuid.uuid4())
+                self.session_id = self._create_request.session_id = uuid4_text()
             except BaseException:  # cancelled: the server may have created it already
                 await asyncio.shield(self._release())
                 raise
@@ -205,6 +212,9 @@ class AsyncSession:
 
     async def close(self) -> None:
         """Deletes the episode and releases the session id. Idempotent."""
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
         if self._pinger is not None:
             self._pinger.cancel()
             self._pinger = None
@@ -299,7 +309,14 @@ class AsyncSession:
 
     async def _step(self, method: str, step: str, request: Any) -> Any:
         """One answer to `request` (asked again while the environment starts)."""
-        return await _while_starting(lambda: self._step_once(method, step, request))
+        deadline = _starting_deadline()
+        while True:
+            try:
+                return await self._step_once(method, step, request)
+            except ORSServerError as error:
+                if not _still_starting(error, deadline):
+                    raise
+            await _pause_while_starting()
 
     async def _step_once(self, method: str, step: str, request: Any) -> Any:
         """One answer to `request`: on the episode stream when it is free, else by RPC `method`."""
@@ -341,12 +358,15 @@ class AsyncSession:
         episode stream, else by its streaming RPC; a stream that breaks once
         `pending.task_id` is known is reattached (never re-run) with backoff.
         Asked again while the environment starts (the work never began)."""
-
-        async def afresh() -> T:
+        deadline = _starting_deadline()
+        while True:
             pending.task_id = None  # an id from an attempt that never started names nothing
-            return await self._reattaching_once(what, pending, on_episode_stream, by_rpc)
-
-        return await _while_starting(afresh)
+            try:
+                return await self._reattaching_once(what, pending, on_episode_stream, by_rpc)
+            except ORSServerError as error:
+                if not _still_starting(error, deadline):
+                    raise
+            await _pause_while_starting()
 
     async def _reattaching_once(
         self, what: str, pending: "_PendingCall | _PendingScoring",
@@ -423,8 +443,8 @@ class AsyncSession:
         return await self._connection.unary(method, request, route_key=self._route_key)
 
     async def _ping_forever(self) -> None:
+        """Pings now, then every `ping_interval_s`."""
         while True:
-            await asyncio.sleep(self._ping_interval_s)
             try:
                 await self.ping()
             except ORSServerError as error:
@@ -436,6 +456,7 @@ class AsyncSession:
             except Exception as error:  # e.g. the client was closed under the session
                 logger.warning("stopped pinging session %s: %r", self.session_id, error)
                 return
+            await asyncio.sleep(self._ping_interval_s)
 
     async def _release(self) -> None:
         """A `delete` step on the episode stream, else DeleteEpisode then
@@ -479,20 +500,23 @@ async def _while_draining(create: Callable[[], Awaitable[None]]) -> None:
         await asyncio.sleep(delay)
 
 
-async def _while_starting(ask: Callable[[], Awaitable[T]]) -> T:
-    """`ask()`, again every few seconds while it fails with ENVIRONMENT_STARTING
-    (the environment's setup outlasted the server's wait), for up to
-    STARTUP_PATIENCE_S, as openreward's clients ride out its 503."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + STARTUP_PATIENCE_S
-    while True:
-        try:
-            return await ask()
-        except ORSServerError as error:
-            if error.reason != _STARTING or loop.time() + _STARTING_RETRY_S > deadline:
-                raise
-        logger.info("environment still starting; asking again in %gs", _STARTING_RETRY_S)
-        await asyncio.sleep(_STARTING_RETRY_S)
+# A session call is asked again every few seconds while it fails with ENVIRONMENT_STARTING (the
+# environment's setup outlasted the server's wait), for up to STARTUP_PATIENCE_S, as openreward's
+# clients ride out its 503. (A loop in each caller, not a function around the call: one coroutine
+# less on every call.)
+
+def _starting_deadline() -> float:
+    return asyncio.get_running_loop().time() + STARTUP_PATIENCE_S
+
+
+def _still_starting(error: ORSServerError, deadline: float) -> bool:
+    """Whether `error` is ENVIRONMENT_STARTING and there is time to ask again before `deadline`."""
+    return error.reason == _STARTING and asyncio.get_running_loop().time() + _STARTING_RETRY_S <= deadline
+
+
+async def _pause_while_starting() -> None:
+    logger.info("environment still starting; asking again in %gs", _STARTING_RETRY_S)
+    await asyncio.sleep(_STARTING_RETRY_S)
 
 
 class _Keyed:
@@ -504,7 +528,7 @@ class _Keyed:
     def key(self) -> str:
         """Made on first use: work asked on an episode stream (the common case) never needs one."""
         if self._key is None:
-            self._key = uuid.uuid4().hex
+            self._key = uuid4_hex()
         return self._key
 
 
@@ -544,8 +568,8 @@ def _checked_input(tool_input: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 
 async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> ToolOutput:
     """A call_tool step under a task id chosen here (kept in `call`, to reattach); its outcome."""
-    call.task_id = uuid.uuid4().hex
-    answer = await stream.ask(pb.RunEpisodeRequest(call_tool=_convert.tool_call_step(call.name, call.input, call.task_id)))
+    call.task_id = uuid4_hex()
+    answer = await stream.ask(_convert.tool_call_step_request(call.name, call.input, call.task_id))
     if answer.WhichOneof("step") == "error":
         raise ORSServerError.from_step_error(answer.error)
     event = answer.call_tool
@@ -556,7 +580,7 @@ async def _call_on_episode_stream(stream: EpisodeStream, call: _PendingCall) -> 
 
 async def _score_on_episode_stream(stream: EpisodeStream, scoring: _PendingScoring) -> list[GroupScore]:
     """A score_group step under a task id chosen here (kept in `scoring`, to reattach); its outcome."""
-    scoring.task_id = uuid.uuid4().hex
+    scoring.task_id = uuid4_hex()
     step = pb.ScoreGroupStep(candidates=scoring.candidates, task_id=scoring.task_id)
     answer = await stream.ask(pb.RunEpisodeRequest(score_group=step))
     if answer.WhichOneof("step") == "error":

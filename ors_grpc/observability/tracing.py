@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing of the ORS service (optional: `pip install 'ors-grpc[otel]'`).
+"""OpenTelemetry tracing of the ORS service (optional: the `otel` extra).
 
 Off unless the standard `OTEL_*` environment (or `enable(tracer_provider)`)
 asks for it, and then free: with tracing off no interceptor, middleware or
@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 import grpc
 
 from ors_grpc._version import __version__
+from ors_grpc.extras import extra_install_command
 from ors_grpc.observability.rpc_handlers import wrap_behavior
 from ors_grpc.protocol.constants import SESSION_ID_METADATA_KEY
 
@@ -152,7 +153,7 @@ def _enable_from_environment() -> None:
         from opentelemetry import trace
     except ImportError:
         if exporters:
-            _not_tracing("OTEL_* asks for traces but OpenTelemetry is not installed: pip install 'ors-grpc[otel]'")
+            _not_tracing(f"OTEL_* asks for traces but OpenTelemetry is not installed: {extra_install_command('otel')}")
         return
     installed = trace.get_tracer_provider()
     if not isinstance(installed, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
@@ -163,7 +164,8 @@ def _enable_from_environment() -> None:
     try:
         provider = _sdk_tracer_provider(exporters)
     except ImportError:
-        _not_tracing("OTEL_* asks for traces but the OpenTelemetry SDK is not installed: pip install 'ors-grpc[otel]'")
+        _not_tracing(f"OTEL_* asks for traces but the OpenTelemetry SDK is not installed: "
+                     f"{extra_install_command('otel')}")
         return
     except Exception as exc:  # an unknown exporter, a bad OTLP protocol: serve, untraced
         _not_tracing(str(exc))

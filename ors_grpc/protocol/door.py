@@ -43,8 +43,10 @@ def open_channel(
         ("grpc.max_receive_message_length", max_message_bytes),
         # gRPC's default reconnect backoff grows to 120 s; a door in front
         # of a restarted backend should be back within a second or so.
+        # (Not `grpc.min_reconnect_backoff_ms`: despite its name it is the
+        # connect timeout, and an attempt that takes longer, a TLS handshake
+        # over a slow link or on a busy machine, fails: gRPC's 20 s stays.)
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
         # Notice a silently dead backend (no RST) during long tool calls.
         ("grpc.keepalive_time_ms", 30_000),

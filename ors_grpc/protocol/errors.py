@@ -231,7 +231,8 @@ CRASH_SIGNAL_KEY = "signal"
 CRASH_CAUSE_EXITED = "exited"
 #: A signal from outside the server killed it (SIGSEGV, the OOM killer's SIGKILL).
 CRASH_CAUSE_SIGNAL = "signal"
-#: The server killed it: a call's code still ran a grace period after its tool timeout.
+#: The server killed it: a call's code still ran a grace period after the call was cancelled (its tool
+#: timeout, its caller gone, the server stopping at once).
 CRASH_CAUSE_TOOL_TIMEOUT = "tool_timeout"
 #: The server killed it: one piece of code held its event loop, or it stopped reporting, past the stall limit.
 CRASH_CAUSE_STALLED = "stalled"
@@ -242,7 +243,7 @@ CRASH_CAUSES = frozenset({
 })
 #: How each cause reads in the message, after "the environment's worker process".
 _CRASH_WORDING = {
-    CRASH_CAUSE_TOOL_TIMEOUT: "was killed because a tool call still ran past its timeout",
+    CRASH_CAUSE_TOOL_TIMEOUT: "was killed because a tool call ran on after it was cancelled (a tool timeout, or its caller gone)",
     CRASH_CAUSE_STALLED: "was killed because its event loop stalled",
     CRASH_CAUSE_MEMORY_LIMIT: "was killed for going over its memory limit",
 }

@@ -55,7 +55,7 @@ def test_only_reasons_that_end_the_episode_are_statuses_after_a_task_id() -> Non
     (-signal.SIGSEGV, None, "was killed by SIGSEGV", {"cause": "signal", "signal": "SIGSEGV"}),
     (-signal.SIGKILL, None, "was killed by SIGKILL", {"cause": "signal", "signal": "SIGKILL"}),
     (3, None, "exited with status 3", {"cause": "exited", "exit_status": "3"}),
-    (-signal.SIGKILL, "tool_timeout", "was killed because a tool call still ran past its timeout (SIGKILL)",
+    (-signal.SIGKILL, "tool_timeout", "was killed because a tool call ran on after it was cancelled (a tool timeout, or its caller gone) (SIGKILL)",
      {"cause": "tool_timeout", "signal": "SIGKILL"}),
     (-signal.SIGKILL, "memory_limit", "was killed for going over its memory limit (SIGKILL)",
      {"cause": "memory_limit", "signal": "SIGKILL"}),

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from http_bridge import create_app, start_bridge
 from http_bridge._tracing import trace_requests
+from ors_grpc.extras import extra_install_command
 from ors_grpc.observability import tracing
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
@@ -264,7 +265,9 @@ def test_the_environment_decides_and_a_mistake_is_one_line(env: dict[str, str], 
 
 @pytest.mark.parametrize(("env", "says"), [
     ({}, ""),
-    ({"OTEL_TRACES_EXPORTER": "console"}, "tracing_disabled reason=OTEL_* asks for traces but OpenTelemetry is not installed"),
+    # The hint names the command that adds the extra to this installation (no index has ors-grpc).
+    ({"OTEL_TRACES_EXPORTER": "console"}, "tracing_disabled reason=OTEL_* asks for traces but OpenTelemetry is not"
+                                          f" installed: {extra_install_command('otel')}"),
 ])
 def test_without_opentelemetry_installed_a_server_and_its_bridge_serve_untraced(env: dict[str, str], says: str) -> None:
     program = """

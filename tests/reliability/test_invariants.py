@@ -33,6 +33,9 @@ async def test_after_finished_every_call_ends_with_episode_finished_without_runn
                 stream = await http_call(http, sid, name, tool_input)
                 assert stream.names() == ["task_id", "end"]  # a tool-level answer, not an SSE error
                 assert refused_as_finished(stream.result(), name)
+            # A name that is no tool stays `not_found` after the end, as under openreward (and in every mode).
+            stream = await http_call(http, sid, "no_such_tool", {})
+            assert stream.result() == {"ok": False, "error": "'no_such_tool' is not a valid tool", "reason": "not_found"}
             async with http.post("/delete", headers={"X-Session-ID": sid}) as response:
                 assert response.status == 200
     # The teardown recorded the session's runs: only the first submit ran.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -12,7 +14,8 @@ import grpc
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
 from tests.support.grpc_calls import call_tool, create_episode, tool_call
-from tests.support.servers import ROOT, start_serve
+from ors_grpc._runtime.loop_monitor import STALL_WARNING_S
+from tests.support.servers import ROOT, STOP_TIMEOUT_S, start_serve
 
 
 async def test_sigterm_with_no_drain_timeout_tears_down_every_session_and_exits_zero(tmp_path: Path) -> None:
@@ -37,6 +40,32 @@ async def test_a_stop_signal_stops_the_server_despite_a_stuck_sync_tool() -> Non
             await call.read()  # the tool is dispatched; it blocks its thread
             call.cancel()
         assert serve.stop() == 0  # not killed: the stuck thread did not hold the exit
+
+
+async def test_a_second_stop_signal_exits_at_once_while_environments_code_holds_the_event_loop(
+        tmp_path: Path) -> None:
+    # In-process an `async def` tool that spins holds the loop, which would take the signals: the
+    # first one waits for it; one that comes after it has waited long enough exits the process.
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr, start_serve("tests.support.stall_environments:StallProbeEnv", "--in-process",
+                                              stderr=stderr) as serve:
+        async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            sid = await create_episode(stub, "stallprobeenv")
+            spinning = asyncio.ensure_future(stub.CallTool(
+                pb.CallToolRequest(session_id=sid, call=tool_call("spin_loop", {}))).read())
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while "event_loop_stalled" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()
+                await asyncio.sleep(0.1)
+            serve.proc.send_signal(signal.SIGINT)
+            await asyncio.sleep(STALL_WARNING_S + 0.5)  # the loop takes nothing meanwhile
+            assert serve.proc.poll() is None, log.read_text()
+            serve.proc.send_signal(signal.SIGINT)
+            status = await asyncio.to_thread(serve.proc.wait, STOP_TIMEOUT_S)
+            spinning.cancel()
+    assert status == 128 + signal.SIGINT
+    assert "stop_forced signal=SIGINT" in log.read_text()
 
 
 async def test_serve_without_environment_runs_the_bundled_example() -> None:

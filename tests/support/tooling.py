@@ -1,4 +1,4 @@
-"""System tools some tests need (node, npm, nginx, curl, openssl, chromium, grpcurl), and the one rule for their absence.
+"""System tools some tests need (node, npm, nginx, haproxy, curl, openssl, chromium, grpcurl), and the one rule for their absence.
 
 On a developer's machine a test whose system tool is missing is skipped, and
 `pytest -rs` (in pyproject's addopts) prints why. Under `ORS_TESTS_NO_SKIP=1`,

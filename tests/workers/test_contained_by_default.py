@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -106,7 +107,10 @@ def test_a_class_defined_in_the_serving_script_runs_in_workers_and_its_main_bloc
         answer, pid = asyncio.run(_guess(serve))  # the tool's input model is the script's own class too
         assert answer == "correct" and pid in children(serve.proc.pid)
     assert (tmp_path / "ran").read_text().split() == [str(serve.proc.pid)]  # in no worker
-    assert "serving_in_process" not in (tmp_path / "stderr").read_text()
+    log = (tmp_path / "stderr").read_text()
+    assert "serving_in_process" not in log
+    # The script's server writes the lines `ors-grpc serve` and its workers write.
+    assert re.search(r"^time=\S+ \S+ level=INFO logger=ors_grpc\.workers msg=workers_started", log, re.M), log
 
 
 def test_a_script_without_a_main_guard_stops_where_it_would_serve_in_a_worker(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ nothing. Blocked and spinning event loops (the stall limit) are in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -114,6 +115,22 @@ async def test_a_fault_costs_the_episodes_of_its_process_and_no_other(
                              "a new process to serve new episodes")
             for sid in (doomed, neighbour):
                 await door.delete(sid)
+
+
+@pytest.mark.parametrize("mode", [*MODES, "in-process"])
+async def test_a_segfault_leaves_the_python_traceback_of_the_code_that_caused_it_in_the_log(
+        mode: str, tmp_path: Path) -> None:
+    # A signal names no code: the process that died prints where it was (faulthandler), in every mode.
+    log = tmp_path / "serve.log"
+    placement = MODES.get(mode, ("--in-process",))
+    with log.open("w") as stderr, start_serve(WORKER_PROBE, *placement, stderr=stderr) as serve:
+        async with episode_door("grpc", serve, ENV_NAME) as door:
+            sid = await door.create("doomed")
+            with contextlib.suppress(Exception):  # answered ENVIRONMENT_CRASHED, or the server is gone
+                await door.call(sid, "segfault")
+            await eventually(lambda: _logged(log, "Fatal Python error: Segmentation fault"), "the fault's report")
+    text = log.read_text()
+    assert 'worker_environments.py", line' in text and " in segfault" in text, text
 
 
 async def _a_new_process_serves(door: EpisodeDoor, old_pids: set[int]) -> bool:

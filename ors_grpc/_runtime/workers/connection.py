@@ -132,13 +132,13 @@ class WorkerConnection:
         """The server stopped waiting for call `call_id`: cancel it there; kill the process if it runs on."""
         self.tell("cancel", call_id)
         if op in _KILLABLE_OPS:
-            self._abandoned[call_id] = asyncio.get_running_loop().call_later(KILL_GRACE_S, self._kill_for, call_id)
+            self._abandoned[call_id] = asyncio.get_running_loop().call_later(KILL_GRACE_S, self._kill_for, call_id, op)
 
-    def _kill_for(self, call_id: int) -> None:
+    def _kill_for(self, call_id: int, op: str) -> None:
         self._abandoned.pop(call_id, None)
         if self.alive:
-            logger.warning("worker_killed worker=%d reason=call_outlived_its_cancellation grace_s=%s episodes=%d",
-                           self.worker_id, KILL_GRACE_S, self.episodes)
+            logger.error("worker_killed worker=%d pid=%d reason=call_outlived_its_cancellation op=%s grace_s=%s "
+                         "episodes=%d", self.worker_id, self.process.pid, op, KILL_GRACE_S, self.episodes)
             self.kill(CRASH_CAUSE_TOOL_TIMEOUT)
 
     def _answered(self, message: tuple[int, bool, Any]) -> None:

@@ -17,14 +17,10 @@ from ors_grpc._runtime.workers.pool import WorkerPool
 from ors_grpc._runtime.workers.spawner import FreshInterpreters, TemplateForks
 from ors_grpc._runtime.workers.startup import import_path, worker_setup
 from ors_grpc._runtime.workers.watchdog import DEFAULT_STALL_LIMIT_S, Watchdog, heartbeat_interval_s
-from ors_grpc.authoring.environment import Environment, ToolMarks, overrides, tool_marks
+from ors_grpc.authoring.environment import Environment, ToolMarks, not_a_tool, overrides, tool_marks
 from ors_grpc.authoring.types import GroupCandidate, JSONObject, ListToolsOutput, RunToolOutput
 
 __all__ = ["WorkerCatalogHost", "WorkerEpisodeHost", "WorkerHosts"]
-
-#: The marks of a tool no class declares (an instance may still have it: the worker answers).
-_NO_MARKS = ToolMarks()
-
 
 class WorkerEpisodeHost(EpisodeHost):
     """One episode whose environment lives in a worker process."""
@@ -90,8 +86,10 @@ class WorkerEpisodeHost(EpisodeHost):
         return self._connection.call("task_tools", self._eid)
 
     def tool_marks(self, name: str) -> Union[ToolMarks, RunToolOutput]:
-        # Read off the classes here; the worker resolves the tool itself and refuses a name it lacks.
-        return tool_marks(self.env_cls, name, self._toolset_cls) or _NO_MARKS
+        # Read off the classes here (the worker resolves the tool itself); a name none of them
+        # declares is refused here, before the episode's state is read, as in-process.
+        marks = tool_marks(self.env_cls, name, self._toolset_cls)
+        return not_a_tool(name) if marks is None else marks
 
     def run_tool(self, name: str, tool_input: JSONObject) -> Any:
         return self._connection.call("run_tool", self._eid, name, tool_input)

@@ -27,6 +27,7 @@ from typing import NoReturn
 
 from ors_grpc._runtime.workers import worker
 from ors_grpc._runtime.workers.hop import Exited, Fork, Forked, Ready, Setup, recv_frame, send_frame
+from ors_grpc.observability.log_lines import configure_logging
 
 logger = logging.getLogger("ors_grpc.template")
 
@@ -39,7 +40,7 @@ def main() -> None:
     control = socket.socket(fileno=control_fd)
     setup: Setup = recv_frame(control)
     sys.path[:] = setup.sys_path
-    worker.configure_logging("template", setup.log_level)
+    configure_logging(setup.log_level, worker="template", force=True)
     try:
         for spec in [*setup.environments.values(), *setup.toolsets]:
             worker.load(spec)

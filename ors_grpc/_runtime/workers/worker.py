@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -23,10 +24,11 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any, Awaitable, NoReturn
 
 from ors_grpc._runtime import user_code
 from ors_grpc._runtime.environment_host import EpisodeState
+from ors_grpc._runtime.event_loop import fastest_event_loop
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
 from ors_grpc._runtime.loop_monitor import LoopMonitor, warn_stall
 from ors_grpc._runtime.workers.hop import (
@@ -35,6 +37,7 @@ from ors_grpc._runtime.workers.hop import (
 )
 from ors_grpc._runtime.workers.startup import load
 from ors_grpc.observability import tracing
+from ors_grpc.observability.log_lines import configure_logging
 
 logger = logging.getLogger("ors_grpc.worker")
 
@@ -69,27 +72,28 @@ class _Episodes:
     def idle_after_an_episode(self) -> bool:
         return self.hosted_one and not self.live and not self.setting_up
 
-    async def run(self, op: str, args: tuple) -> Any:
+    def run(self, op: str, args: tuple) -> Awaitable[Any]:
+        """The call `op` as an awaitable (the host's own coroutine: no coroutine of ours around it)."""
+        if op == "run_tool":
+            eid, name, tool_input = args
+            return self.live[eid].run_tool(name, tool_input)
         if op == "catalog":
             env_name, method, call_args = args
-            return await getattr(self.hosts.catalog(self.environments[env_name]), method)(*call_args)
+            return getattr(self.hosts.catalog(self.environments[env_name]), method)(*call_args)
         eid, *rest = args
         if op == "construct":
             env_name, task_spec, secrets = rest
             host = self.live[eid] = self.hosts.episode(self.environments[env_name])
             self.hosted_one = True
-            return await host.construct(task_spec, secrets)
+            return host.construct(task_spec, secrets)
         if op == "teardown":
-            return await self._teardown(eid)
+            return self._teardown(eid)
         host = self.live[eid]
         if op == "attach_toolset":
-            return await host.attach_toolset(self.toolsets[rest[0]])
+            return host.attach_toolset(self.toolsets[rest[0]])
         if op == "setup":
-            return await self._setup(eid, host)
-        if op == "run_tool":
-            return await host.run_tool(*rest)  # name, tool_input
-        method = getattr(host, op)  # prompt, messages, task_tools, score_group
-        return await method(*rest)
+            return self._setup(eid, host)
+        return getattr(host, op)(*rest)  # prompt, messages, task_tools, score_group
 
     def end(self, eid: int) -> None:
         """The episode is over: forgotten at once, unless there is a setup to wait for or a teardown to run
@@ -163,18 +167,12 @@ def _connect(socket_path: str) -> socket.socket:
     return connection
 
 
-def configure_logging(worker: str, level: int) -> None:
-    """Log lines to stderr, tagged with the worker's id (replacing a forked child's template's handler)."""
-    logging.basicConfig(level=level, stream=sys.stderr, force=True,
-                        format=f"time=%(asctime)s level=%(levelname)s worker={worker} logger=%(name)s msg=%(message)s")
-
-
 async def serve(socket_path: str, worker_id: int) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=_connect(socket_path))
     write_frame(writer, Hello(worker_id, os.getpid()))
     setup: Setup = await read_frame(reader)
     sys.path[:] = setup.sys_path
-    configure_logging(str(worker_id), setup.log_level)
+    configure_logging(setup.log_level, worker=str(worker_id), force=True)
     tracing.enabled()  # as the server decided, from the same OTEL_* environment
     try:
         environments = {name: load(spec) for name, spec in setup.environments.items()}
@@ -255,12 +253,11 @@ def main() -> None:
 def run(socket_path: str, worker_id: int, parent_pid: int) -> NoReturn:
     """Serve as worker `worker_id` on the hop at `socket_path`, killed with `parent_pid` (this process's parent)."""
     die_with_parent(parent_pid)
+    faulthandler.enable(all_threads=False)  # a fatal signal prints where environments' code was, in the server's log
     user_code.cancelled_calls_wait_for_their_thread = True  # the server judges how long they run on
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
-    # The stdlib loop, not uvloop (which the server runs on): the stall limit kills a worker whose loop
-    # one callback holds, and only the stdlib loop runs each callback in a Python frame of its own
-    # (`loop_monitor.held_s`); uvloop would save about a third of a worker's CPU per call.
-    asyncio.run(serve(socket_path, worker_id))
+    with asyncio.Runner(loop_factory=fastest_event_loop()) as runner:  # the server's loop, uvloop
+        runner.run(serve(socket_path, worker_id))
     _exit()  # sync code still running in threads must not keep a worker alive after its server
 
 
