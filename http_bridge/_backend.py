@@ -13,7 +13,7 @@ __all__ = ["EnvNames", "call_metadata", "error_reason", "open_channel", "retry_a
 
 
 #: Where a request keeps its metadata without a session id, read from its headers once.
-_REQUEST_METADATA = "ors_grpc.call_metadata"
+_REQUEST_METADATA = web.RequestKey("ors_grpc.call_metadata", tuple)
 
 
 def call_metadata(request: web.Request, session_id: Optional[str] = None) -> Metadata:
