@@ -220,6 +220,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              " with and without preparing the next batch (warm episodes; bench/warm.py)")
     parser.add_argument("--batch", type=int, default=32, help="episodes per batch of --setup-seconds (32)")
     parser.add_argument("--batches", type=int, default=16, help="batches per loop of --setup-seconds (16)")
+    parser.add_argument("--crowd", type=int, default=None, metavar="N",
+                        help="instead: N concurrent gRPC episodes with think time between steps, in-process against"
+                             " the default, and the ratio of their step latencies' p99 (bench/crowd.py)")
+    parser.add_argument("--crowd-think-s", type=float, default=10.0, metavar="S",
+                        help="seconds between an episode's steps under --crowd (10)")
+    parser.add_argument("--crowd-procs", type=int, default=0, metavar="P",
+                        help="load-generator processes sharing the crowd (default: one per 8,192 episodes)")
+    parser.add_argument("--crowd-rounds", type=int, default=1,
+                        help="rounds of --crowd, the modes' order alternating (1)")
+    parser.add_argument("--crowd-timeout", type=float, default=600.0, metavar="S",
+                        help="seconds a crowd may run past its last episode's think times before it is killed (600)")
     args = parser.parse_args(argv)
     if args.door is not None:  # one door next to the HTTP bridge, closed loop and image only
         args.doors, args.sessions = f"bridge,{args.door}", ""
@@ -253,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench.against import run
         return run(args)
     print_header(args)
+    if args.crowd is not None:
+        from bench.crowd import run
+        return run(args)
     if args.scaleout:
         from bench.scaleout import run
         return run(args)
