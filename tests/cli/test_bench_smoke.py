@@ -125,3 +125,29 @@ def test_bench_ecosystems_mode_runs_reasoning_gym_through_both_doors_briefly():
     for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv direct, 1", "OpenEnv fronted, 1", "OpenEnv hosted"):
         assert rows[label][0] == "skipped:", done.stdout
         assert " ".join(rows[label]).endswith(f"needs the openenv extra: {extra_install_command('openenv')}"), done.stdout
+
+
+def test_bench_crowd_mode_completes_every_episode_in_both_modes():
+    # Two load-generator processes share the crowd, so the merge of their shares is exercised too.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--crowd", "12", "--crowd-think-s", "0.05", "--crowd-procs", "2",
+         "--crowd-rounds", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = done.stdout
+    assert "## Crowd: 12 concurrent gRPC episodes, 0.05 s think time, 2 load-generator process(es)" in report, report
+    assert "first error" not in report and "not available" not in report, report
+    lines = report.splitlines()
+    for mode in ("in-process", "default"):
+        row = next(line for line in lines if line.startswith(f"{mode} ")).split()  # the table's, the first
+        # mode, ok, failed, p50, p99, max, p99 of create/prompt/call/delete, episode overhead p99, wall, CPU,
+        # peak RSS, the load generators' CPU, load average.
+        assert len(row) == 16, row
+        assert row[1:3] == ["12", "0"], row  # every episode completed, none failed
+        assert all(float(cell) >= 0 for cell in row[3:13]) and float(row[13]) > 0, row
+        assert len(row[14].split("/")) == 2, row  # one CPU share per load generator
+    assert any(line.startswith("default / in-process, p99 of all steps: ") for line in lines), report
+    for mode in ("in-process", "default"):
+        rounds = next(line for line in lines if line.startswith(f"{mode} ") and "in each round" in line)
+        assert len(rounds.split(":")[1].split()) == 2, rounds
