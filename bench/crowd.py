@@ -22,10 +22,10 @@ of the all-steps p99.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
-import re
 import resource
 import subprocess
 import sys
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from bench.crowd_load import STEP_KINDS, THINKS
 from bench.placements import descendants, serve_error, split_cpu_seconds
-from bench.servers import REPO_ROOT, ours_server
+from bench.servers import REPO_ROOT, ours_server, vm_rss_bytes
 from bench.stats import percentile
 
 #: (label, serve arguments).
@@ -76,11 +76,9 @@ def tree_rss_bytes(pid: int) -> int:
     total = 0
     for proc in [pid, *descendants(pid)]:
         try:
-            status = pathlib.Path(f"/proc/{proc}/status").read_text()
+            total += vm_rss_bytes(proc)
         except OSError:
-            continue
-        kib = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
-        total += int(kib.group(1)) * 1024 if kib else 0
+            continue  # ended meanwhile
     return total
 
 
@@ -104,14 +102,16 @@ def measure(mode: str, serve_args: tuple[str, ...], args: argparse.Namespace) ->
         cpu_before, wall_before = sum(split_cpu_seconds(pid)), time.perf_counter()
         start_at = time.time() + LEAD_S
         outputs = [pathlib.Path(tmp, f"share-{index}.json") for index in range(procs)]
-        generators = [
-            subprocess.Popen(
-                [sys.executable, "-m", "bench.crowd_load", "--target", f"127.0.0.1:{server.ports['gRPC']}",
-                 "--count", str(args.crowd), "--procs", str(procs), "--index", str(index),
-                 "--think-s", str(args.crowd_think_s), "--start-at", str(start_at)],
-                cwd=REPO_ROOT, stdout=out.open("w"), stderr=out.with_suffix(".err").open("w"))
-            for index, out in enumerate(outputs)
-        ]
+        with contextlib.ExitStack() as files:
+            generators = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.crowd_load", "--target", f"127.0.0.1:{server.ports['gRPC']}",
+                     "--count", str(args.crowd), "--procs", str(procs), "--index", str(index),
+                     "--think-s", str(args.crowd_think_s), "--start-at", str(start_at)],
+                    cwd=REPO_ROOT, stdout=files.enter_context(out.open("w")),
+                    stderr=files.enter_context(out.with_suffix(".err").open("w")))
+                for index, out in enumerate(outputs)
+            ]
         deadline = time.monotonic() + LEAD_S + (THINKS + 1) * args.crowd_think_s + args.crowd_timeout
         while any(gen.poll() is None for gen in generators):
             run.peak_rss = max(run.peak_rss, tree_rss_bytes(pid))
@@ -160,7 +160,7 @@ def seconds(values: list[float], fraction: float) -> str:
 
 def print_table(runs: dict[str, list[CrowdRun]], args: argparse.Namespace) -> None:
     print(f"\n## Crowd: {args.crowd} concurrent gRPC episodes, {args.crowd_think_s:g} s think time,"
-          f" {procs_for(args)} load-generator process(es), median of {args.crowd_rounds} round(s)")
+          f" {procs_for(args)} load-generator process(es), each mode's median round of {args.crowd_rounds} (the lower of two)")
     print("step latency = the overhead beyond the think time (seconds); episode over = wall time less"
           f" {THINKS} think times")
     print(f"{'mode':<11} {'ok':>6} {'failed':>6} {'p50 s':>7} {'p99 s':>7} {'max s':>7}"

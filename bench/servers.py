@@ -16,6 +16,14 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"(gRPC|HTTP|MCP) listening on 127\.0\.0\.1:(\d+)")
 
 
+def vm_rss_bytes(pid: int) -> int:
+    """VmRSS of process `pid`, from /proc/PID/status (OSError once it ended)."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    kib = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+    assert kib, status
+    return int(kib.group(1)) * 1024
+
+
 class ServerProcess:
     """A server subprocess whose stdout and stderr go to a temporary log file.
 
@@ -58,12 +66,9 @@ class ServerProcess:
         return "\n".join(self.output().splitlines()[-lines:])
 
     def rss_bytes(self) -> int:
-        """VmRSS of the server process, from /proc/PID/status."""
+        """VmRSS of the server process."""
         assert self.proc is not None
-        status = pathlib.Path(f"/proc/{self.proc.pid}/status").read_text()
-        kib = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
-        assert kib, status
-        return int(kib.group(1)) * 1024
+        return vm_rss_bytes(self.proc.pid)
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far (all its threads)."""
