@@ -160,7 +160,8 @@ def seconds(values: list[float], fraction: float) -> str:
 
 def print_table(runs: dict[str, list[CrowdRun]], args: argparse.Namespace) -> None:
     print(f"\n## Crowd: {args.crowd} concurrent gRPC episodes, {args.crowd_think_s:g} s think time,"
-          f" {procs_for(args)} load-generator process(es), each mode's median round of {args.crowd_rounds} (the lower of two)")
+          f" {procs_for(args)} load-generator process(es), each mode's median round of {args.crowd_rounds}"
+          + (" (the lower of the middle two)" if args.crowd_rounds % 2 == 0 else ""))
     print("step latency = the overhead beyond the think time (seconds); episode over = wall time less"
           f" {THINKS} think times")
     print(f"{'mode':<11} {'ok':>6} {'failed':>6} {'p50 s':>7} {'p99 s':>7} {'max s':>7}"
