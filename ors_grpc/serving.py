@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
-import gc
 import importlib.util
 import logging
 import os
@@ -35,6 +34,7 @@ import grpc
 from http_bridge import HttpLimits, start_bridge
 from ors_grpc._generated.ors.v1 import environment_service_pb2 as pb
 from ors_grpc._generated.ors.v1 import environment_service_pb2_grpc as pb_grpc
+from ors_grpc._runtime import garbage_collection
 from ors_grpc._runtime.drain import Drain
 from ors_grpc._runtime.grpc_server import ServerConfig, create_server
 from ors_grpc._runtime.loop_monitor import STALL_WARNING_S
@@ -135,7 +135,7 @@ async def serve(
                 ))
                 runners.append(mcp_door)
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
-            _freeze_startup_objects()
+            garbage_collection.settle()
             _announce_doors(host, bound_port, bound_http_port, bound_metrics_port, mcp_port=bound_mcp_port,
                             scheme=_scheme(ssl_context), serving=_serving_line(names))
             await _until_drained_or_stopped(server.drain, signals)
@@ -255,7 +255,7 @@ async def bridge(
             runners.append(mcp_door)
         with _stop_signals() as stop:
             bound_metrics_port = await _start_metrics(host, metrics_port, runners)
-            _freeze_startup_objects()
+            garbage_collection.settle()
             _announce_doors(host, None, bound_http_port, bound_metrics_port, mcp_port=bound_mcp_port,
                             scheme=_scheme(ssl_context), serving=f"bridging onto gRPC backend {backend}")
             await stop.wait()
@@ -370,15 +370,6 @@ def _stop_signals() -> Iterator[asyncio.Event]:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-
-
-def _freeze_startup_objects() -> None:
-    """What is alive once the doors are bound (modules, classes, the servers)
-    lives as long as the process: out of the garbage collector's sight
-    (`gc.freeze`), its full collections, which the traffic's garbage
-    triggers, no longer walk those tens of thousands of objects each time."""
-    gc.collect()
-    gc.freeze()
 
 
 def _local_target(host: str, port: int) -> str:

@@ -26,7 +26,7 @@ import time
 import traceback
 from typing import Any, Awaitable, NoReturn
 
-from ors_grpc._runtime import user_code
+from ors_grpc._runtime import garbage_collection, user_code
 from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.event_loop import fastest_event_loop
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
@@ -181,6 +181,7 @@ async def serve(socket_path: str, worker_id: int) -> None:
         write_frame(writer, Ready(error=traceback.format_exc()))
         await writer.drain()
         return
+    garbage_collection.settle()
     write_frame(writer, Ready())
     closed = asyncio.get_running_loop().create_future()
     calls = _Calls(_Episodes(environments, toolsets))
