@@ -204,6 +204,10 @@ class LoopbackTopology:
         """The processes in front of the backends, in the order they are stopped."""
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """Every process's addresses, one per line, for a person running the topology."""
+        raise NotImplementedError
+
     def kill_backend(self, index: int) -> None:
         """SIGKILL backend `index`: a crash, its sessions are lost."""
         self.backends[index].child.stop(signal.SIGKILL)
@@ -232,6 +236,35 @@ def topology_parser(description: str, default_environment: str, config: str) -> 
     parser.add_argument("--backends", type=int, default=3, help="number of ors-grpc serve backends (3)")
     parser.add_argument("--keep", action="store_true", help=f"keep the scratch directory (logs, {config})")
     return parser
+
+
+@dataclass
+class Bridge:
+    """One `ors-grpc bridge` process in front of a proxy."""
+
+    child: Child
+    http_url: str
+    metrics_url: str
+
+
+def start_bridge(name: str, backend_target: str, workdir: Path) -> Bridge:
+    """Starts `ors-grpc bridge --backend backend_target` on free ports; returns once it listens."""
+    child = Child(name, python_cli(
+        "bridge", "--backend", backend_target, "--host", HOST, "--http-port", "0", "--metrics-port", "0",
+    ), workdir)
+    child.start()
+    ports = child.wait_listening({"HTTP", "metrics"})
+    return Bridge(child, f"http://{HOST}:{ports['HTTP']}", f"http://{HOST}:{ports['metrics']}/metrics")
+
+
+def run_until_stopped(topology: LoopbackTopology) -> int:
+    """A run_topology.py script's life: start `topology`, print its addresses, serve until
+    SIGINT or SIGTERM, stop everything."""
+    with topology:
+        print(topology.describe(), flush=True)
+        print("running; Ctrl-C stops everything", flush=True)
+        wait_for_stop_signal()
+    return 0
 
 
 def wait_for_stop_signal() -> None:

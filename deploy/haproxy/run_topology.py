@@ -26,8 +26,8 @@ if __package__ in (None, ""):  # run as a script: the repository root makes `dep
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from deploy.processes import (  # noqa: E402
-    HOST, Backend, Child, LoopbackTopology, free_port, python_cli, render_template, start_backend,
-    topology_parser, wait_for_stop_signal,
+    HOST, Backend, Bridge, Child, LoopbackTopology, free_port, render_template, run_until_stopped, start_backend,
+    start_bridge, topology_parser,
 )
 
 __all__ = ["Topology", "find_haproxy", "render_config"]
@@ -72,12 +72,6 @@ def render_config(
 
 
 @dataclass
-class Bridge:
-    child: Child
-    http_url: str
-
-
-@dataclass
 class Topology(LoopbackTopology):
     """K backends behind HAProxy behind B bridges, all on loopback; a context
     manager (or `start()`/`stop()`). The scratch directory keeps every log and
@@ -116,12 +110,7 @@ class Topology(LoopbackTopology):
         self.haproxy.wait_port(port)
         self.haproxy_target = f"{HOST}:{port}"
         for index in range(self.bridges_count):
-            child = Child(f"bridge-{index}", python_cli(
-                "bridge", "--backend", self.haproxy_target, "--host", HOST, "--http-port", "0",
-            ), self.workdir)
-            child.start()
-            ports = child.wait_listening({"HTTP"})
-            self.bridges.append(Bridge(child, f"http://{HOST}:{ports['HTTP']}"))
+            self.bridges.append(start_bridge(f"bridge-{index}", self.haproxy_target, self.workdir))
 
     def runtime_api(self, command: str) -> str:
         """One command over HAProxy's runtime API (its admin socket); its answer."""
@@ -161,7 +150,7 @@ class Topology(LoopbackTopology):
         lines.append(f"haproxy: gRPC {self.haproxy_target}, config {self.workdir / 'haproxy.cfg'}, "
                      f"runtime API {self.workdir / 'admin.sock'}")
         for index, bridge in enumerate(self.bridges):
-            lines.append(f"bridge-{index}: HTTP {bridge.http_url}")
+            lines.append(f"bridge-{index}: HTTP {bridge.http_url}, metrics {bridge.metrics_url}")
         return "\n".join(lines)
 
 
@@ -171,11 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     topology = Topology(args.backends, args.bridges, args.environments or (DEFAULT_ENVIRONMENT,),
                         keep_workdir=args.keep)
-    with topology:
-        print(topology.describe(), flush=True)
-        print("running; Ctrl-C stops everything", flush=True)
-        wait_for_stop_signal()
-    return 0
+    return run_until_stopped(topology)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ if __package__ in (None, ""):  # run as a script: the repository root makes `dep
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from deploy.processes import (  # noqa: E402
-    HOST, REPO_ROOT, Backend, Child, LoopbackTopology, free_port, python_cli, render_template, start_backend,
-    topology_parser, wait_for_stop_signal,
+    HOST, REPO_ROOT, Backend, Bridge, Child, LoopbackTopology, free_port, render_template, run_until_stopped,
+    start_backend, start_bridge, topology_parser,
 )
 
 __all__ = ["REPO_ROOT", "Topology", "find_nginx", "render_config"]
@@ -68,13 +68,6 @@ def render_config(
 
 
 @dataclass
-class Bridge:
-    child: Child
-    http_url: str
-    metrics_url: str
-
-
-@dataclass
 class Topology(LoopbackTopology):
     """K backends behind nginx behind B bridges, all on loopback. Use as a
     context manager (or `start()`/`stop()`); the scratch directory keeps every
@@ -106,7 +99,7 @@ class Topology(LoopbackTopology):
     def start_front(self) -> None:
         self._start_nginx(str(find_nginx()))
         for index in range(self.bridges_count):
-            self.bridges.append(self._start_bridge(index))
+            self.bridges.append(start_bridge(f"bridge-{index}", self.nginx_target, self.workdir))
 
     def _start_nginx(self, nginx: str) -> None:
         port = free_port()
@@ -122,14 +115,6 @@ class Topology(LoopbackTopology):
         self.nginx.start()
         self.nginx.wait_port(port)
         self.nginx_target = f"{HOST}:{port}"
-
-    def _start_bridge(self, index: int) -> Bridge:
-        child = Child(f"bridge-{index}", python_cli(
-            "bridge", "--backend", self.nginx_target, "--host", HOST, "--http-port", "0", "--metrics-port", "0",
-        ), self.workdir)
-        child.start()
-        ports = child.wait_listening({"HTTP", "metrics"})
-        return Bridge(child, f"http://{HOST}:{ports['HTTP']}", f"http://{HOST}:{ports['metrics']}/metrics")
 
     def front(self) -> list[Child]:
         """The bridges, then nginx (SIGTERM: its fast shutdown)."""
@@ -151,11 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     topology = Topology(args.backends, args.bridges, args.environments or (DEFAULT_ENVIRONMENT,),
                         keep_workdir=args.keep)
-    with topology:
-        print(topology.describe(), flush=True)
-        print("running; Ctrl-C stops everything", flush=True)
-        wait_for_stop_signal()
-    return 0
+    return run_until_stopped(topology)
 
 
 if __name__ == "__main__":
