@@ -245,9 +245,10 @@ def _checking_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
                     await refuse(context, request)
                 yield request
 
-        async def bidirectional(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-            async for message in handler.stream_stream(refusing_malformed(requests, context), context):
-                yield message
+        def bidirectional(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            # The handler's own generator, not one more async generator around it (a hop per message):
+            # the RPC metrics interceptor, always outside this one, is the generator function grpc drives.
+            return handler.stream_stream(refusing_malformed(requests, context), context)
 
         return grpc.stream_stream_rpc_method_handler(bidirectional, **serializers)
 
@@ -359,7 +360,8 @@ async def _create_server(
     if config.api_key:
         interceptors.append(_ApiKeyInterceptor(config.api_key))
     server = grpc.aio.server(
-        # Innermost: the key check (and anything before it) sees parsed requests.
+        # Innermost: the key check (and anything before it) sees parsed requests. Never outermost: the
+        # metrics' wrapper makes its bidirectional behavior (a plain function) the async generator grpc needs.
         interceptors=[*interceptors, _MalformedRequestInterceptor()],
         options=[
             ("grpc.max_send_message_length", config.max_message_bytes),

@@ -357,43 +357,38 @@ class AsyncSession:
         """Runs work that has a task id (a tool call, a scoring): on the free
         episode stream, else by its streaming RPC; a stream that breaks once
         `pending.task_id` is known is reattached (never re-run) with backoff.
-        Asked again while the environment starts (the work never began)."""
+        Asked again while the environment starts (the work never began).
+        (One coroutine, both loops: one coroutine less on every call.)"""
         deadline = _starting_deadline()
         while True:
             pending.task_id = None  # an id from an attempt that never started names nothing
+            first_break: Optional[grpc.aio.AioRpcError] = None
             try:
-                return await self._reattaching_once(what, pending, on_episode_stream, by_rpc)
+                for attempt in range(self._reattach_attempts + 1):
+                    try:
+                        stream = self._free_stream() if attempt == 0 else None
+                        if stream is not None:
+                            return await on_episode_stream(stream)
+                        return await by_rpc()
+                    except grpc.aio.AioRpcError as error:
+                        failure = ORSServerError.from_rpc_error(error)
+                        if first_break is not None and failure.reason == _UNKNOWN_TASK_ID:
+                            raise _never_started(first_break) from None
+                        # Before the task id is known we cannot know whether the work
+                        # started, and running it twice is worse than failing; unless
+                        # the server honours this RPC's idempotency key (sent again).
+                        resumable = pending.task_id is not None or pending.RPC in self._connection.rpcs_honouring_keys
+                        if not resumable or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
+                            raise failure from None
+                        first_break = first_break or error
+                        logger.info("%s broke (%s); reattaching by task id", what, error.code().name)
+                        await asyncio.sleep(min(_REATTACH_BASE_DELAY_S * 2**attempt, _REATTACH_MAX_DELAY_S))
+                        await self._connection.wait_ready(_RECONNECT_TIMEOUT_S)
+                raise AssertionError("unreachable")
             except ORSServerError as error:
                 if not _still_starting(error, deadline):
                     raise
             await _pause_while_starting()
-
-    async def _reattaching_once(
-        self, what: str, pending: "_PendingCall | _PendingScoring",
-        on_episode_stream: Callable[[EpisodeStream], Awaitable[T]], by_rpc: Callable[[], Awaitable[T]],
-    ) -> T:
-        first_break: Optional[grpc.aio.AioRpcError] = None
-        for attempt in range(self._reattach_attempts + 1):
-            try:
-                stream = self._free_stream() if attempt == 0 else None
-                if stream is not None:
-                    return await on_episode_stream(stream)
-                return await by_rpc()
-            except grpc.aio.AioRpcError as error:
-                failure = ORSServerError.from_rpc_error(error)
-                if first_break is not None and failure.reason == _UNKNOWN_TASK_ID:
-                    raise _never_started(first_break) from None
-                # Before the task id is known we cannot know whether the work
-                # started, and running it twice is worse than failing; unless
-                # the server honours this RPC's idempotency key (sent again).
-                resumable = pending.task_id is not None or pending.RPC in self._connection.rpcs_honouring_keys
-                if not resumable or error.code() not in _STREAM_BROKEN or attempt == self._reattach_attempts:
-                    raise failure from None
-                first_break = first_break or error
-                logger.info("%s broke (%s); reattaching by task id", what, error.code().name)
-                await asyncio.sleep(min(_REATTACH_BASE_DELAY_S * 2**attempt, _REATTACH_MAX_DELAY_S))
-                await self._connection.wait_ready(_RECONNECT_TIMEOUT_S)
-        raise AssertionError("unreachable")
 
     async def _stream_call(self, call: "_PendingCall", session_id: str) -> ToolOutput:
         """One CallTool stream: a new call under its idempotency key (run
