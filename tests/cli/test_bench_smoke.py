@@ -17,14 +17,17 @@ from ors_grpc.extras import extra_install_command
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_runs_every_door_briefly():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--workers", "2", "--warmup", "0", "--duration", "0.3", "--rounds", "2",
-         "--image-mib", "0.0625", "--image-calls", "1", "--sessions", "10"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
+def bench_report(*args: str, module: str = "bench", timeout: float = 240) -> str:
+    """What `python -m <module> <args>` printed, once it exited 0 (its stderr's tail otherwise)."""
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = done.stdout
+    return done.stdout
+
+
+def test_bench_runs_every_door_briefly():
+    report = bench_report("--workers", "2", "--warmup", "0", "--duration", "0.3", "--rounds", "2",
+                          "--image-mib", "0.0625", "--image-calls", "1", "--sessions", "10")
     assert "skipped" not in report, report
     assert "first error" not in report, report
     for door in ("reference", "bridge", "grpc", "bridge-threads", "grpc-threads", "floor-http", "floor-grpc",
@@ -40,26 +43,17 @@ def test_bench_runs_every_door_briefly():
 
 
 def test_bench_setup_seconds_mode_runs_both_loops_briefly():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--setup-seconds", "0.05", "--batch", "2", "--batches", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    report = bench_report("--setup-seconds", "0.05", "--batch", "2", "--batches", "2", timeout=120)
+    lines = report.splitlines()
     for row in ("cold ", "prepared "):
-        assert any(line.startswith(row) and len(line.split()) == 6 for line in lines), (row, done.stdout)
-    assert any(line.startswith("batch-loop ratio (cold / prepared, 2 batches): ") for line in lines), done.stdout
-    assert any(line.startswith("per-batch ratio from batch 2 on (median): ") for line in lines), done.stdout
+        assert any(line.startswith(row) and len(line.split()) == 6 for line in lines), (row, report)
+    assert any(line.startswith("batch-loop ratio (cold / prepared, 2 batches): ") for line in lines), report
+    assert any(line.startswith("per-batch ratio from batch 2 on (median): ") for line in lines), report
 
 
 def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_checkout():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--against", "HEAD", "--workers", "2", "--warmup", "0", "--duration", "0.3",
-         "--rounds", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = done.stdout
+    report = bench_report("--against", "HEAD", "--workers", "2", "--warmup", "0", "--duration", "0.3",
+                          "--rounds", "2")
     assert "skipped" not in report and "first error" not in report, report
     rows = [line.split()[:2] for line in report.split("## Closed loop")[1].splitlines()[2:6]]
     assert rows == [["bridge", "HEAD"], ["bridge", "this"], ["grpc", "HEAD"], ["grpc", "this"]], report
@@ -76,19 +70,14 @@ def test_bench_against_a_commit_runs_both_sides_of_both_doors_and_removes_its_ch
 
 
 def test_bench_placements_mode_prints_every_row_measured_or_why_not():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--placements", "--workers", "2", "--warmup", "0", "--duration", "1",
-         "--rounds", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "## Where environments' code runs" in done.stdout, done.stdout
-    lines = done.stdout.splitlines()
+    report = bench_report("--placements", "--workers", "2", "--warmup", "0", "--duration", "1", "--rounds", "1")
+    assert "## Where environments' code runs" in report, report
+    lines = report.splitlines()
     for workload in ("trivial", "cpu-sync", "cpu-async"):
         for placement in ("in-process", "--workers 1", "--workers 2", "--isolation episode"):
             prefix = f"{workload:<10} {placement:<20} "
             row = next((line for line in lines if line.startswith(prefix)), None)
-            assert row is not None, (workload, placement, done.stdout)
+            assert row is not None, (workload, placement, report)
             rest = row[len(prefix):]
             if placement == "in-process" or not rest.startswith("not available: "):
                 # Measured: episodes/s ... errors (0), server CPU, CPU ms per episode, the processes' part of it,
@@ -101,41 +90,28 @@ def test_bench_placements_mode_prints_every_row_measured_or_why_not():
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
 def test_bench_callgrind_counts_a_few_episodes_of_this_checkout():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.callgrind", "--episodes", "3", "--warmup", "1", "--workers", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    loop, others, total = (float(figure) for figure in done.stdout.splitlines()[-1].split()[-3:])
-    assert loop > 0 and others >= 0 and total == pytest.approx(loop + others, abs=0.002), done.stdout
+    report = bench_report("--episodes", "3", "--warmup", "1", "--workers", "1", module="bench.callgrind", timeout=600)
+    loop, others, total = (float(figure) for figure in report.splitlines()[-1].split()[-3:])
+    assert loop > 0 and others >= 0 and total == pytest.approx(loop + others, abs=0.002), report
 
 
 def test_bench_ecosystems_mode_runs_reasoning_gym_through_both_doors_briefly():
     # OpenEnv's rows run where its extra is (tests/mcp/test_openenv.py); here they say what to install.
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--ecosystems", "--workers", "2", "--warmup", "0", "--duration", "0.5",
-         "--rounds", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line[:20].strip(): line[20:].split() for line in done.stdout.split("## Other ecosystems")[1].splitlines()[2:9]}
+    report = bench_report("--ecosystems", "--workers", "2", "--warmup", "0", "--duration", "0.5", "--rounds", "1")
+    table = report.split("## Other ecosystems")[1].splitlines()[2:9]
+    rows = {line[:20].strip(): line[20:].split() for line in table}
     for label in ("reasoning-gym HTTP", "reasoning-gym gRPC"):
-        assert float(rows[label][0]) > 0 and rows[label][5] == "0", done.stdout
-    assert "first error" not in done.stdout, done.stdout
+        assert float(rows[label][0]) > 0 and rows[label][5] == "0", report
+    assert "first error" not in report, report
     for label in ("OpenEnv direct", "OpenEnv fronted", "OpenEnv direct, 1", "OpenEnv fronted, 1", "OpenEnv hosted"):
-        assert rows[label][0] == "skipped:", done.stdout
-        assert " ".join(rows[label]).endswith(f"needs the openenv extra: {extra_install_command('openenv')}"), done.stdout
+        assert rows[label][0] == "skipped:", report
+        hint = f"needs the openenv extra: {extra_install_command('openenv')}"
+        assert " ".join(rows[label]).endswith(hint), report
 
 
 def test_bench_crowd_mode_completes_every_episode_in_both_modes():
     # Two load-generator processes share the crowd, so the merge of their shares is exercised too.
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--crowd", "12", "--crowd-think-s", "0.05", "--crowd-procs", "2",
-         "--crowd-rounds", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = done.stdout
+    report = bench_report("--crowd", "12", "--crowd-think-s", "0.05", "--crowd-procs", "2", "--crowd-rounds", "2")
     assert "## Crowd: 12 concurrent gRPC episodes, 0.05 s think time, 2 load-generator process(es)" in report, report
     assert "first error" not in report and "not available" not in report, report
     lines = report.splitlines()
