@@ -13,7 +13,7 @@ from pathlib import Path
 
 from opentelemetry import trace
 
-from ors_grpc import ToolOutput, tool
+from ors_grpc import Environment, TextBlock, ToolOutput, tool
 from tests.support.reliability_environments import MARKER_DIR_VARIABLE, ProbeEnv
 
 logger = logging.getLogger(__name__)
@@ -155,3 +155,40 @@ class ThreadPinnedEnv(LoopPinnedEnv):
     """All its sync code in threads (`sync_code_on_loop = False`)."""
 
     sync_code_on_loop = False
+
+
+class NoLifecycleEnv(Environment):
+    """Defines neither `setup()` nor `teardown()`: the server sends neither step to its worker."""
+
+    @classmethod
+    def list_splits(cls) -> list:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list:
+        return [{}]
+
+    def get_prompt(self) -> list:
+        return [TextBlock(text="nothing to set up")]
+
+    @tool
+    def ping(self) -> ToolOutput:
+        """Answers pong."""
+        return ToolOutput(blocks=[TextBlock(text="pong")])
+
+
+class InstanceSetupEnv(NoLifecycleEnv):
+    """Sets its own `setup()` on the instance (no class defines one): it runs, in a worker as in-process."""
+
+    def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
+        super().__init__(task_spec=task_spec, secrets=secrets)
+        self.was_set_up = False
+        self.setup = self._set_up
+
+    def _set_up(self) -> None:
+        self.was_set_up = True
+
+    @tool
+    def set_up(self) -> ToolOutput:
+        """Says whether `setup()` ran."""
+        return ToolOutput(blocks=[TextBlock(text=str(self.was_set_up))])

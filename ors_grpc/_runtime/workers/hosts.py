@@ -25,7 +25,7 @@ __all__ = ["WorkerCatalogHost", "WorkerEpisodeHost", "WorkerHosts"]
 class WorkerEpisodeHost(EpisodeHost):
     """One episode whose environment lives in a worker process."""
 
-    __slots__ = ("_connection", "_eid", "_toolset_cls", "_set_up", "_env_name")
+    __slots__ = ("_connection", "_eid", "_toolset_cls", "_set_up", "_env_name", "_defines_setup", "_defines_teardown")
 
     def __init__(self, env_cls: type[Environment], env_name: str, connection: WorkerConnection, eid: int) -> None:
         super().__init__(env_cls)
@@ -34,6 +34,9 @@ class WorkerEpisodeHost(EpisodeHost):
         self._env_name = env_name
         self._toolset_cls: Optional[type] = None
         self._set_up = False
+        #: Whether the environment (the instance the worker constructed) defines `setup()`, `teardown()`:
+        #: a step it does not define crosses no hop, as in-process it runs no code.
+        self._defines_setup = self._defines_teardown = True
         connection.hosts[eid] = self
 
     @property
@@ -45,7 +48,8 @@ class WorkerEpisodeHost(EpisodeHost):
         return self._set_up
 
     async def construct(self, task_spec: JSONObject, secrets: dict[str, str]) -> None:
-        await self._connection.call("construct", self._eid, self._env_name, task_spec, secrets)
+        self._defines_setup, self._defines_teardown = await self._connection.call(
+            "construct", self._eid, self._env_name, task_spec, secrets)
 
     async def attach_toolset(self, toolset_cls: type) -> None:
         self._toolset_cls = toolset_cls
@@ -54,14 +58,19 @@ class WorkerEpisodeHost(EpisodeHost):
     async def setup(self) -> None:
         if self.state is EpisodeState.CONSTRUCTING:
             self.state = EpisodeState.SETTING_UP
-        await self._connection.call("setup", self._eid)
+        if self._defines_setup:
+            await self._connection.call("setup", self._eid)
         self._set_up = True
         if self.state is EpisodeState.SETTING_UP:
             self.state = EpisodeState.READY
 
     async def teardown(self) -> None:
-        if self._connection.alive:  # else the environment went with its process
+        if not self._connection.alive:  # the environment went with its process
+            return
+        if self._defines_teardown:
             await self._connection.call("teardown", self._eid)
+        elif self._set_up:  # nothing to run: the worker forgets the episode (`end` told it so if not set up)
+            self._connection.tell("end", self._eid)
 
     def end(self) -> None:
         if self.state is not EpisodeState.ENDED:

@@ -36,6 +36,7 @@ from ors_grpc._runtime.workers.hop import (
     write_frame,
 )
 from ors_grpc._runtime.workers.startup import load
+from ors_grpc.authoring.types import JSONObject
 from ors_grpc.observability import tracing
 from ors_grpc.observability.log_lines import configure_logging
 
@@ -85,7 +86,7 @@ class _Episodes:
             env_name, task_spec, secrets = rest
             host = self.live[eid] = self.hosts.episode(self.environments[env_name])
             self.hosted_one = True
-            return host.construct(task_spec, secrets)
+            return self._construct(host, task_spec, secrets)
         if op == "teardown":
             return self._teardown(eid)
         host = self.live[eid]
@@ -96,13 +97,23 @@ class _Episodes:
         return getattr(host, op)(*rest)  # prompt, messages, task_tools, score_group
 
     def end(self, eid: int) -> None:
-        """The episode is over: forgotten at once, unless there is a setup to wait for or a teardown to run
-        (answered at once, in the frame's callback: it runs no environment code)."""
+        """The episode is over: forgotten at once, unless its setup still runs (which tears it down once it
+        ends) or it was set up and defines a teardown (the server's `teardown` call follows). Handled in the
+        frame's callback: it runs no environment code."""
         host = self.live.get(eid)
         if host is not None:
             host.end()
-            if not host.set_up and eid not in self.setting_up:
+            if eid not in self.setting_up and not (host.set_up and host.implements("teardown")):
                 del self.live[eid]
+
+    @staticmethod
+    async def _construct(host: LocalEpisodeHost, task_spec: JSONObject, secrets: dict[str, str]) -> tuple[bool, bool]:
+        """Construct the environment; answers whether it defines `setup()` and `teardown()` (the server
+        sends neither step when it does not)."""
+        await host.construct(task_spec, secrets)
+        if host.env is None:  # ended meanwhile: no step follows
+            return False, False
+        return host.implements("setup"), host.implements("teardown")
 
     async def _teardown(self, eid: int) -> None:
         """The episode is over (the server sends no `end` before the teardown of one it saw set up): tear it
