@@ -202,9 +202,12 @@ class Framing(asyncio.Protocol):
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if not self._outgoing:
-            self._loop.call_soon(self.flush)
+            self._loop.call_soon(self._flush_next_turn)
         self._outgoing.append(_HEADER.pack(len(data)))
         self._outgoing.append(data)
+
+    def _flush_next_turn(self) -> None:
+        self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write the frames sent so far (at the end of the loop's turn, or now)."""
