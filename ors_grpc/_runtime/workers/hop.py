@@ -11,9 +11,10 @@ need every value converted twice per call.
 Once a connection's handshake is done, a `Framing` protocol takes its
 transport over: each frame read is handed on as it arrives, from the
 transport's own callback (no reader task, no task step per frame), and the
-frames sent during one turn of the event loop leave in one write at the
-end of that turn (under load, many calls share a system call and a wake-up
-of the other side; alone, a frame waits for nothing).
+frames sent leave in one write at the end of the next turn of the event
+loop: a write wakes the other side, and in that one turn more I/O comes in
+and more calls send (under load, six or seven frames share a write, a
+system call and a wake-up; alone, a frame waits two turns of an idle loop).
 
 Messages:
 
@@ -180,7 +181,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 class Framing(asyncio.Protocol):
     """The hop's frames on a connection whose handshake is done: `on_message(message)` for each
-    frame as it arrives, `on_lost()` once the connection closed; `send` batches by loop turn."""
+    frame as it arrives, `on_lost()` once the connection closed; `send` batches until the next turn."""
 
     def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None]) -> None:
         self._on_message = on_message
@@ -210,7 +211,7 @@ class Framing(asyncio.Protocol):
         self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Write the frames sent so far (at the end of the loop's turn, or now)."""
+        """Write the frames sent so far (at the end of the next turn, or now)."""
         outgoing, self._outgoing = self._outgoing, []
         if outgoing and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(outgoing))

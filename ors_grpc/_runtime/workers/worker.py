@@ -3,7 +3,7 @@
 Started as `python -m ors_grpc._runtime.workers.worker SOCKET WORKER_ID
 SERVER_PID`, or forked from the template with the environments imported
 (`template`), it connects to the hop, learns what to import (`hop.Setup`)
-and serves the server's calls, each in a task of its own, with the
+and serves the server's calls, each started as its frame arrives, with the
 in-process hosts (`local_hosts`). It ends when the hop closes, and is killed
 with its parent (PR_SET_PDEATHSIG) even if its loop is stuck. A thread
 watches its loop (`loop_monitor`) and another reports it every heartbeat
@@ -27,6 +27,7 @@ import traceback
 from typing import Any, Awaitable, NoReturn
 
 from ors_grpc._runtime import garbage_collection, user_code
+from ors_grpc._runtime.eager_start import start_eagerly
 from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.event_loop import fastest_event_loop
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
@@ -204,11 +205,13 @@ async def serve(socket_path: str, worker_id: int) -> None:
 
 
 class _Calls:
-    """The server's calls, each in a task of its own as its frame arrives; `cancel` cancels one."""
+    """The server's calls, each started as its frame arrives (eagerly: a call that waits goes on in a
+    task of its own); `cancel` cancels one that waits."""
 
     def __init__(self, episodes: _Episodes) -> None:
         self.episodes = episodes
         self.hop: Framing
+        self._loop = asyncio.get_running_loop()
         self._running: dict[int, asyncio.Task[None]] = {}
         self._anonymous: set[asyncio.Task[None]] = set()
 
@@ -222,10 +225,11 @@ class _Calls:
         if op == "end":
             self.episodes.end(args[0])
             if self.episodes.exit_after_episode and self.episodes.idle_after_an_episode:
-                asyncio.get_running_loop().create_task(_exit_once_sent(self.hop))
+                self._loop.create_task(_exit_once_sent(self.hop))
             return
-        task = asyncio.get_running_loop().create_task(
-            _answer(self.hop, self.episodes, call_id, op, args, trace_context))
+        task = start_eagerly(self._loop, _answer(self.hop, self.episodes, call_id, op, args, trace_context))
+        if task is None:  # answered already
+            return
         if call_id:
             self._running[call_id] = task
             task.add_done_callback(lambda _, call_id=call_id: self._running.pop(call_id, None))
