@@ -54,11 +54,12 @@ class WorkerConnection:
     def __init__(self, worker_id: int, process: ProcessHandle, on_lost: Callable[[WorkerConnection], None]) -> None:
         self.worker_id = worker_id
         self.process = process
+        self._loop = asyncio.get_running_loop()
         #: The hop, once the handshake is done (the stream writer it took over kept alongside).
         self._hop: Optional[Framing] = None
         self._writer: Optional[asyncio.StreamWriter] = None
         #: Done once the handshake is (with WorkerStartupError when the start failed).
-        self.connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.connected: asyncio.Future[None] = self._loop.create_future()
         #: The episodes living here, by episode id.
         self.hosts: dict[int, EpisodeHost] = {}
         self.alive = True
@@ -110,7 +111,7 @@ class WorkerConnection:
             await self.ended.wait()  # a call in the moment between the hop closing and the exit status read
             raise self.crash
         call_id = next(self._call_ids)
-        answer = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        answer = self._calls[call_id] = self._loop.create_future()
         try:
             # While tracing is on, the call carries its span's context: the environment's spans nest under it.
             message = (call_id, op, args) if tracing.tracer is None else (call_id, op, args, tracing.current_carrier())
@@ -132,7 +133,7 @@ class WorkerConnection:
         """The server stopped waiting for call `call_id`: cancel it there; kill the process if it runs on."""
         self.tell("cancel", call_id)
         if op in _KILLABLE_OPS:
-            self._abandoned[call_id] = asyncio.get_running_loop().call_later(KILL_GRACE_S, self._kill_for, call_id, op)
+            self._abandoned[call_id] = self._loop.call_later(KILL_GRACE_S, self._kill_for, call_id, op)
 
     def _kill_for(self, call_id: int, op: str) -> None:
         self._abandoned.pop(call_id, None)
@@ -143,9 +144,10 @@ class WorkerConnection:
 
     def _answered(self, message: tuple[int, bool, Any]) -> None:
         call_id, ok, value = message
-        timer = self._abandoned.pop(call_id, None)
-        if timer is not None:
-            timer.cancel()
+        if self._abandoned:
+            timer = self._abandoned.pop(call_id, None)
+            if timer is not None:
+                timer.cancel()
         answer = self._calls.get(call_id)
         if answer is None or answer.done():
             return
@@ -159,7 +161,7 @@ class WorkerConnection:
 
     def _closed(self) -> None:
         self.alive = False  # no call goes from now on
-        self._losing = asyncio.get_running_loop().create_task(self._lost(), name=f"ors-worker-{self.worker_id}-lost")
+        self._losing = self._loop.create_task(self._lost(), name=f"ors-worker-{self.worker_id}-lost")
 
     async def _lost(self) -> None:
         """The hop closed: the process ended (or is ending). Fail everything that lived here."""

@@ -259,6 +259,9 @@ class Framing(asyncio.Protocol):
 #: An answer's `ok` when its value is a tool's output as plain data (`answer_frame`).
 TOOL_OUTPUT = 2
 _TYPES_MODULE = RunToolOutput.__module__
+# pydantic's own serializer and validator of the output, without model_dump's and model_validate's wrappers.
+_dump_output = RunToolOutput.__pydantic_serializer__.to_python
+_validate_output = RunToolOutput.__pydantic_validator__.validate_python
 
 
 def answer_frame(call_id: int, value: Any) -> tuple[int, Any, Any]:
@@ -273,7 +276,7 @@ def answer_frame(call_id: int, value: Any) -> tuple[int, Any, Any]:
             and all(type(block).__module__ == _TYPES_MODULE for block in root.output.blocks)
         ):
             try:
-                return call_id, TOOL_OUTPUT, value.model_dump(warnings="error")
+                return call_id, TOOL_OUTPUT, _dump_output(value, warnings="error")
             except Exception:
                 pass
     return call_id, True, value
@@ -281,7 +284,7 @@ def answer_frame(call_id: int, value: Any) -> tuple[int, Any, Any]:
 
 def answer_value(ok: Any, value: Any) -> Any:
     """The value of a successful answer (`ok` true, or `TOOL_OUTPUT`) as the worker had it."""
-    return RunToolOutput.model_validate(value) if ok == TOOL_OUTPUT else value
+    return _validate_output(value) if ok == TOOL_OUTPUT else value
 
 
 class ForeignError(Exception):
