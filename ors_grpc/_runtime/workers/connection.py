@@ -91,7 +91,7 @@ class WorkerConnection:
     def attach(self, writer: asyncio.StreamWriter) -> None:
         """The handshake on `writer`'s connection is done: calls may go."""
         self._writer = writer
-        self._hop = Framing(self._answered, self._closed)
+        self._hop = Framing(self._answered, self._closed, wait_a_turn=True)  # hop.py says why
         self._hop.take_over(writer)
         self.connected.set_result(None)
 

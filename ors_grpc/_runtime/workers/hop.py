@@ -11,10 +11,12 @@ need every value converted twice per call.
 Once a connection's handshake is done, a `Framing` protocol takes its
 transport over: each frame read is handed on as it arrives, from the
 transport's own callback (no reader task, no task step per frame), and the
-frames sent leave in one write at the end of the next turn of the event
-loop: a write wakes the other side, and in that one turn more I/O comes in
-and more calls send (under load, six or seven frames share a write, a
-system call and a wake-up; alone, a frame waits two turns of an idle loop).
+frames sent leave together: the server's at the end of the next turn of its
+event loop, a worker's at the end of the current one. A write wakes the
+other side; in the server's one more turn, more I/O comes in and more calls
+send (under load six or seven frames share a write, a system call and a
+wake-up; alone, a frame waits two turns of an idle loop). A worker's turn
+may hold environment code, which no answer should wait for.
 
 Messages:
 
@@ -181,9 +183,11 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 class Framing(asyncio.Protocol):
     """The hop's frames on a connection whose handshake is done: `on_message(message)` for each
-    frame as it arrives, `on_lost()` once the connection closed; `send` batches until the next turn."""
+    frame as it arrives, `on_lost()` once the connection closed; `send` batches what is sent until
+    the end of this turn of the loop, or with `wait_a_turn` of the next one."""
 
-    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None]) -> None:
+    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None], *,
+                 wait_a_turn: bool = False) -> None:
         self._on_message = on_message
         self._on_lost = on_lost
         self._loop = asyncio.get_running_loop()
@@ -191,8 +195,9 @@ class Framing(asyncio.Protocol):
         #: The start of a frame still coming, and how long that frame is (header included, once known).
         self._received = bytearray()
         self._wanted = 0
-        #: Frames sent this turn of the loop, written together at its end.
+        #: Frames sent and not written yet, and what writes them (at the end of this turn, or of the next).
         self._outgoing: list[bytes] = []
+        self._flush_soon = self._flush_next_turn if wait_a_turn else self.flush
 
     def take_over(self, writer: asyncio.StreamWriter) -> None:
         """Read and write `writer`'s connection from now on. Its stream reader holds nothing:
@@ -203,7 +208,7 @@ class Framing(asyncio.Protocol):
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if not self._outgoing:
-            self._loop.call_soon(self._flush_next_turn)
+            self._loop.call_soon(self._flush_soon)
         self._outgoing.append(_HEADER.pack(len(data)))
         self._outgoing.append(data)
 
@@ -211,7 +216,7 @@ class Framing(asyncio.Protocol):
         self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Write the frames sent so far (at the end of the next turn, or now)."""
+        """Write the frames sent so far (when their turn ends, or now)."""
         outgoing, self._outgoing = self._outgoing, []
         if outgoing and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(outgoing))
