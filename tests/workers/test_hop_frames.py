@@ -12,7 +12,7 @@ from ors_grpc.authoring.types import RunToolError, RunToolOutput
 
 
 def _stream(messages: list) -> bytes:
-    return b"".join(struct.pack(">I", len(data)) + data for data in map(pickle.dumps, messages))
+    return b"".join(struct.pack(">I", len(data)) + data for data in (pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL) for m in messages))
 
 
 async def _received(stream: bytes, read_sizes: list[int]) -> list:
@@ -56,3 +56,42 @@ def test_a_tool_output_that_would_not_come_back_equal_crosses_as_it_is() -> None
     for output in (tool_result("step", changed), tool_result("step", as_tuple), {"not": "an output"}):
         assert answer_frame(1, output) == (1, True, output)
         assert answer_value(True, output) is output
+
+
+class _Writes:
+    """A transport that keeps what is written to it, one entry per write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def set_protocol(self, protocol) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+async def _writes_of_frames_sent_a_turn_apart(wait_a_turn: bool) -> list[bytes]:
+    transport = _Writes()
+    framing = Framing(lambda message: None, lambda: None, wait_a_turn=wait_a_turn)
+    framing.take_over(type("Writer", (), {"transport": transport})())
+    framing.send((1, "run_tool", ()))
+    framing.send((2, "run_tool", ()))
+    await asyncio.sleep(0)  # the loop's next turn
+    framing.send((3, "prompt", ()))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return transport.writes
+
+
+def test_frames_sent_in_one_turn_leave_in_one_write_at_its_end() -> None:
+    writes = asyncio.run(_writes_of_frames_sent_a_turn_apart(wait_a_turn=False))
+    assert writes == [_stream([(1, "run_tool", ()), (2, "run_tool", ())]), _stream([(3, "prompt", ())])]
+
+
+def test_the_servers_frames_wait_a_turn_for_the_next_turns() -> None:
+    writes = asyncio.run(_writes_of_frames_sent_a_turn_apart(wait_a_turn=True))
+    assert writes == [_stream([(1, "run_tool", ()), (2, "run_tool", ()), (3, "prompt", ())])]
