@@ -206,7 +206,7 @@ def _serve_parser(serve: argparse.ArgumentParser, log_level: dict[str, Any]) -> 
                                 "(python -c, a REPL) is served in-process, saying so (default: auto)")
     placement.add_argument("--in-process", dest="workers", action="store_const", const=0,
                            help="run environments' code in the server process instead: for a debugger, or the "
-                                "last third of trivial throughput; a crash or a blocked event loop then takes the "
+                                "last sixth of trivial throughput; a crash or a blocked event loop then takes the "
                                 "whole server with it")
     code.add_argument("--isolation", choices=["episode"], default=None,
                       help="episode: every episode in a process of its own that ends with it (a fault costs "

@@ -15,8 +15,9 @@ from typing import Any, Iterator
 import pytest
 
 from ors_grpc._runtime.workers.hop import Hello, Ready, Setup, recv_frame, send_frame
-from tests.support.servers import ROOT, start_serve
+from tests.support.reliability_environments import MARKER_DIR_VARIABLE
 from tests.support.reliability_helpers import grpc_call, grpc_episode, grpc_stub
+from tests.support.servers import ROOT, start_serve
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,6 +25,7 @@ ENVIRONMENTS = {
     "plain": "tests.support.worker_environments:NoLifecycleEnv",
     "instance": "tests.support.worker_environments:InstanceSetupEnv",
     "probe": "tests.support.worker_environments:WorkerProbeEnv",
+    "teardown_only": "tests.support.reliability_environments:ProbeEnv",
 }
 
 
@@ -53,7 +55,8 @@ def worker(tmp_path: Path) -> Iterator[Hop]:
         listener.listen(1)
         listener.settimeout(30)
         process = subprocess.Popen([sys.executable, "-m", "ors_grpc._runtime.workers.worker", path, "1",
-                                    str(os.getpid())], cwd=ROOT)
+                                    str(os.getpid())], cwd=ROOT,
+                                   env={**os.environ, MARKER_DIR_VARIABLE: str(tmp_path)})
         try:
             connection, _ = listener.accept()
             with connection:
@@ -85,7 +88,7 @@ def test_end_forgets_an_episode_unless_its_teardown_is_to_come(tmp_path: Path) -
         hop.call("construct", 2, "probe", {"tag": "t"}, {})
         assert hop.call("setup", 2) == (True, None)
         hop.tell("end", 2)  # set up, with a teardown: kept for it
-        assert hop.call("teardown", 2) == (True, None)
+        assert hop.call("teardown", 2, False) == (True, None)
         ok, error = hop.call("prompt", 2)
         assert not ok and isinstance(error, KeyError)
 
@@ -98,3 +101,12 @@ async def test_a_setup_set_on_the_instance_runs_in_a_worker_as_in_process() -> N
                 sid = await grpc_episode(stub, "tagged", env_name="instancesetupenv")
                 answer = (await grpc_call(stub, sid, "set_up"))[-1].result.output
                 assert answer.blocks[0].text.text == "True", (mode, answer)
+
+
+def test_a_teardown_runs_for_an_episode_the_server_set_up_without_a_crossing(tmp_path: Path) -> None:
+    with worker(tmp_path) as hop:
+        assert hop.call("construct", 1, "teardown_only", {"tag": "set-up"}, {}) == (True, (False, True))
+        assert hop.call("teardown", 1, True) == (True, None)  # set up by the server: no setup() to run
+        hop.call("construct", 2, "teardown_only", {"tag": "never-set-up"}, {})
+        assert hop.call("teardown", 2, False) == (True, None)  # deleted while constructing: as in-process
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith("teardown-")] == ["teardown-set-up"]

@@ -67,8 +67,8 @@ class WorkerEpisodeHost(EpisodeHost):
     async def teardown(self) -> None:
         if not self._connection.alive:  # the environment went with its process
             return
-        if self._defines_teardown:
-            await self._connection.call("teardown", self._eid)
+        if self._defines_teardown:  # (with whether it was set up here, its setup() being none)
+            await self._connection.call("teardown", self._eid, self._set_up and not self._defines_setup)
         elif self._set_up:  # nothing to run: the worker forgets the episode (`end` told it so if not set up)
             self._connection.tell("end", self._eid)
 

@@ -89,7 +89,7 @@ class _Episodes:
             self.hosted_one = True
             return self._construct(host, task_spec, secrets)
         if op == "teardown":
-            return self._teardown(eid)
+            return self._teardown(eid, *rest)
         host = self.live[eid]
         if op == "attach_toolset":
             return host.attach_toolset(self.toolsets[rest[0]])
@@ -116,11 +116,14 @@ class _Episodes:
             return False, False
         return host.implements("setup"), host.implements("teardown")
 
-    async def _teardown(self, eid: int) -> None:
+    async def _teardown(self, eid: int, set_up_by_the_server: bool) -> None:
         """The episode is over (the server sends no `end` before the teardown of one it saw set up): tear it
-        down, or leave that to the setup still running."""
+        down, or leave that to the setup still running. `set_up_by_the_server`: its environment defines no
+        `setup()`, so the server set it up without a crossing; it is set up here first (no code runs)."""
         host = self.live.get(eid)
         if host is not None:
+            if set_up_by_the_server:
+                await host.setup()
             host.end()
             if eid not in self.setting_up:
                 await self._tear_down(eid, host)
