@@ -176,6 +176,13 @@ class NoLifecycleEnv(Environment):
         """Answers pong."""
         return ToolOutput(blocks=[TextBlock(text="pong")])
 
+    @tool
+    async def timed(self) -> ToolOutput:
+        """Runs under asyncio.timeout, which needs the current task (as anyio, httpx's, does)."""
+        async with asyncio.timeout(5):
+            await asyncio.sleep(0)
+        return ToolOutput(blocks=[TextBlock(text=asyncio.current_task().get_name())])
+
 
 class InstanceSetupEnv(NoLifecycleEnv):
     """Sets its own `setup()` on the instance (no class defines one): it runs, in a worker as in-process."""

@@ -110,3 +110,12 @@ def test_a_teardown_runs_for_an_episode_the_server_set_up_without_a_crossing(tmp
         hop.call("construct", 2, "teardown_only", {"tag": "never-set-up"}, {})
         assert hop.call("teardown", 2, False) == (True, None)  # deleted while constructing: as in-process
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith("teardown-")] == ["teardown-set-up"]
+
+
+async def test_an_async_tool_runs_in_a_task_of_its_own_in_every_mode() -> None:
+    for mode in (["--workers", "1"], ["--in-process"]):
+        with start_serve("tests.support.worker_environments:NoLifecycleEnv", *mode) as serve:
+            async with grpc_stub(serve.grpc_target) as stub:
+                sid = await grpc_episode(stub, "timed", env_name="nolifecycleenv")
+                events = await grpc_call(stub, sid, "timed")
+                assert events[-1].result.output.blocks[0].text.text, (mode, events[-1])

@@ -3,7 +3,7 @@
 Started as `python -m ors_grpc._runtime.workers.worker SOCKET WORKER_ID
 SERVER_PID`, or forked from the template with the environments imported
 (`template`), it connects to the hop, learns what to import (`hop.Setup`)
-and serves the server's calls, each started as its frame arrives, with the
+and serves the server's calls, each in a task of its own, with the
 in-process hosts (`local_hosts`). It ends when the hop closes, and is killed
 with its parent (PR_SET_PDEATHSIG) even if its loop is stuck. A thread
 watches its loop (`loop_monitor`) and another reports it every heartbeat
@@ -27,7 +27,6 @@ import traceback
 from typing import Any, Awaitable, NoReturn
 
 from ors_grpc._runtime import garbage_collection, user_code
-from ors_grpc._runtime.eager_start import start_eagerly
 from ors_grpc._runtime.environment_host import EpisodeState
 from ors_grpc._runtime.event_loop import fastest_event_loop
 from ors_grpc._runtime.local_hosts import LocalEpisodeHost, LocalHosts
@@ -143,29 +142,6 @@ class _Episodes:
         await host.teardown()
 
 
-async def _answer(hop: Framing, episodes: _Episodes, call_id: int, op: str, args: tuple,
-                  trace_context: list[dict[str, str]]) -> None:
-    if trace_context:  # tracing is on in the server: this call's spans are children of its span
-        tracing.continue_trace(trace_context[0])
-    try:
-        value = await episodes.run(op, args)
-    except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
-        if call_id:
-            hop.send((call_id, False, RuntimeError("the call was cancelled")))
-        return
-    except Exception as exc:
-        if call_id:
-            hop.send((call_id, False, portable_error(exc)))
-        return
-    if call_id:
-        try:
-            hop.send(answer_frame(call_id, value))
-        except Exception as exc:  # a result that cannot be pickled
-            hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
-    if episodes.exit_after_episode and episodes.idle_after_an_episode:
-        await _exit_once_sent(hop)
-
-
 async def _exit_once_sent(hop: Framing) -> None:
     """`--isolation episode`: the process ends with its episode, once its answers left."""
     await hop.drain()
@@ -208,8 +184,8 @@ async def serve(socket_path: str, worker_id: int) -> None:
 
 
 class _Calls:
-    """The server's calls, each started as its frame arrives (eagerly: a call that waits goes on in a
-    task of its own); `cancel` cancels one that waits."""
+    """The server's calls, each in a task of its own as its frame arrives (environments' async code
+    needs its own current task: asyncio.timeout, anyio); `cancel` cancels one."""
 
     def __init__(self, episodes: _Episodes) -> None:
         self.episodes = episodes
@@ -230,15 +206,41 @@ class _Calls:
             if self.episodes.exit_after_episode and self.episodes.idle_after_an_episode:
                 self._loop.create_task(_exit_once_sent(self.hop))
             return
-        task = start_eagerly(self._loop, _answer(self.hop, self.episodes, call_id, op, args, trace_context))
-        if task is None:  # answered already
-            return
+        task = self._loop.create_task(self._answer(call_id, op, args, trace_context))
         if call_id:
             self._running[call_id] = task
-            task.add_done_callback(lambda _, call_id=call_id: self._running.pop(call_id, None))
         else:
             self._anonymous.add(task)
-            task.add_done_callback(self._anonymous.discard)
+
+    async def _answer(self, call_id: int, op: str, args: tuple, trace_context: list[dict[str, str]]) -> None:
+        """Run call `op` and send its answer (none for call id 0); forget its task once it is over (no done
+        callback: one turn of the loop less per call)."""
+        hop, episodes = self.hop, self.episodes
+        try:
+            if trace_context:  # tracing is on in the server: this call's spans are children of its span
+                tracing.continue_trace(trace_context[0])
+            try:
+                value = await episodes.run(op, args)
+            except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
+                if call_id:
+                    hop.send((call_id, False, RuntimeError("the call was cancelled")))
+                return
+            except Exception as exc:
+                if call_id:
+                    hop.send((call_id, False, portable_error(exc)))
+                return
+            if call_id:
+                try:
+                    hop.send(answer_frame(call_id, value))
+                except Exception as exc:  # a result that cannot be pickled
+                    hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+        finally:
+            if call_id:
+                self._running.pop(call_id, None)
+            else:
+                self._anonymous.discard(asyncio.current_task())  # type: ignore[arg-type]
+        if episodes.exit_after_episode and episodes.idle_after_an_episode:
+            await _exit_once_sent(hop)
 
 
 def _watch_the_loop(socket_path: str, worker_id: int, heartbeat_interval_s: float) -> None:
