@@ -180,7 +180,8 @@ async def drain(target: str, *, api_key: str | None = None, wait: bool = False) 
             try:
                 answer = await stub.Drain(pb.DrainRequest(), metadata=metadata)
             except grpc.aio.AioRpcError as error:
-                if reported is not None and error.code() == grpc.StatusCode.UNAVAILABLE:
+                # (A poll that reaches the server as it stops is answered CANCELLED.)
+                if reported is not None and error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     print(f"{target} has stopped", flush=True)
                     return
                 raise DrainError(f"{target}: {error.code().name}: {error.details()}") from None

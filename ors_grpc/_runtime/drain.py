@@ -8,21 +8,32 @@ session ids with ERROR_REASON_DRAINING (UNAVAILABLE, retryable under a new
 session id on another backend), but for an episode under an id it issued
 moments before (`issued_ids`: a proxy may route that id nowhere else); and
 ends the prepared episodes nobody can claim now.
-`until_done` then waits for the session table to empty. Stopping the server
-afterwards is the composition root's (`ors_grpc.serving`).
+`until_done` then waits for the session table to empty, and then for the
+doors to go quiet (`DRAIN_QUIET_S`): a call that reaches a gRPC server as it
+stops is answered CANCELLED, which no client retries, so the server stops
+once the proxies that health-check it have stopped sending it work.
+Stopping the server afterwards is the composition root's (`ors_grpc.serving`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from ors_grpc._runtime.sessions import SessionTable
 
-__all__ = ["Drain"]
+__all__ = ["DRAIN_QUIET_S", "DRAIN_SETTLE_MAX_S", "Drain"]
 
 logger = logging.getLogger("ors_grpc.drain")
+
+#: Once its last episode ended, a drained server stops when no ORS call has
+#: arrived for this long (a creation under an id it issued may still come)...
+DRAIN_QUIET_S = 1.0
+#: ...or this long after its last episode ended, whatever still arrives (a
+#: proxy without health checks keeps sending creations until the server exits).
+DRAIN_SETTLE_MAX_S = 5.0
 
 
 class Drain:
@@ -38,6 +49,8 @@ class Drain:
         #: How its operator stops the server at once instead, for the log line
         #: that starts the drain (set by whoever handles the process's signals).
         self.stop_at_once_hint: str | None = None
+        #: When the last ORS call arrived (time.monotonic(); the service stamps every call).
+        self.last_call_at = 0.0
 
     async def begin(self) -> None:
         """Start draining; a no-op once begun."""
@@ -62,11 +75,25 @@ class Drain:
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     async def until_done(self) -> bool:
-        """Waits until every episode has ended (True) or the drain timeout passed (False)."""
+        """Waits until every episode has ended and the doors are quiet (True), or the drain timeout
+        passed (False)."""
         try:
-            await asyncio.wait_for(self._sessions.until_empty(), self.seconds_left)
+            await asyncio.wait_for(self._ended_and_quiet(), self.seconds_left)
         except asyncio.TimeoutError:
             logger.warning("drain_timed_out open_sessions=%d", self._sessions.open_count)
             return False
         logger.info("drain_finished")
         return True
+
+    async def _ended_and_quiet(self) -> None:
+        """Every episode ended, then no call came for DRAIN_QUIET_S (at most DRAIN_SETTLE_MAX_S), with no
+        episode created meanwhile (under an id this server issued before its drain)."""
+        while True:
+            await self._sessions.until_empty()
+            settled_by = time.monotonic() + DRAIN_SETTLE_MAX_S
+            while not self._sessions.open_count:
+                now = time.monotonic()
+                quiet_until = self.last_call_at + DRAIN_QUIET_S
+                if now >= min(quiet_until, settled_by):
+                    return
+                await asyncio.sleep(min(quiet_until, settled_by) - now)

@@ -175,18 +175,22 @@ def _step_error(step: str, exc: Exception) -> pb.StepError:
 
 class _answering:
     """Map what a handler raises to a status (ORSError with its reason, bugs
-    to INTERNAL) and log one line per request. (A class, not a generator made
+    to INTERNAL), log one line per request, and tell the drain a call
+    arrived (`drain.last_call_at`). (A class, not a generator made
     into a context manager: it is entered by every RPC, ten times an episode
     on the HTTP door, for a third of the cost.)"""
 
-    __slots__ = ("_method", "_context", "_started")
+    __slots__ = ("_drain", "_method", "_context", "_started")
 
-    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, drain: Drain | None, method: str, context: grpc.aio.ServicerContext) -> None:
+        self._drain = drain
         self._method = method
         self._context = context
 
     async def __aenter__(self) -> None:
         self._started = time.monotonic()
+        if self._drain is not None:  # the call's arrival: a drain ends once calls stop coming
+            self._drain.last_call_at = self._started
 
     async def __aexit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> bool:
         outcome = "OK"
@@ -213,7 +217,7 @@ def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with _answering(handler.__name__, context):
+        async with _answering(self._drain, handler.__name__, context):
             return self._within_limit(await handler(self, request, context), what)
 
     return wrapped
@@ -226,7 +230,7 @@ def _streaming(handler: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        async with _answering(handler.__name__, context):
+        async with _answering(self._drain, handler.__name__, context):
             async for message in handler(self, request, context):
                 yield self._within_limit(message, what)
 
@@ -562,7 +566,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         """A call's task id, then its result or failure. (As `_streaming`, but its events' size is checked
         here, where bounds on them are known; one generator, not one around another, since each message
         passes every generator in the chain.)"""
-        async with _answering("CallTool", context):
+        async with _answering(self._drain, "CallTool", context):
             session = await self._sessions.ready(self._session_id(request, context))
             tool_call = request.call
             if request.idempotency_key:
@@ -714,7 +718,7 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         connection (whose episode must stay reachable, to attach to a call)."""
         # As `_streaming` would, but each answer is checked against the message
         # limit as it is made (bounds on some are known), not once more after.
-        async with _answering("RunEpisode", context):
+        async with _answering(self._drain, "RunEpisode", context):
             route_key = _metadata_session_id(context)
             if route_key:
                 # The stream's route key, answered: a proxy with stateful
@@ -862,13 +866,14 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         )
     # Operators --------------------------------------------------------------
 
-    @_unary
     async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
-        if not _is_loopback(context.peer()):
-            raise ORSError(errors_pb2.ERROR_REASON_PEER_NOT_LOCAL,
-                           "Drain is accepted from this host only (a loopback peer)")
-        await self._drain.begin()
-        return pb.DrainResponse(open_sessions=self._sessions.open_count, seconds_left=self._drain.seconds_left)
+        # Not stamped as a call (`_answering`): `ors-grpc drain --wait` polls it until the server exits.
+        async with _answering(None, "Drain", context):
+            if not _is_loopback(context.peer()):
+                raise ORSError(errors_pb2.ERROR_REASON_PEER_NOT_LOCAL,
+                               "Drain is accepted from this host only (a loopback peer)")
+            await self._drain.begin()
+            return pb.DrainResponse(open_sessions=self._sessions.open_count, seconds_left=self._drain.seconds_left)
 
 
 def _is_loopback(peer: str) -> bool:

@@ -253,3 +253,28 @@ async def test_a_creation_a_draining_server_refused_is_made_again_until_the_clie
         assert len(tries_again) >= 9
     finally:
         await server.stop(None)
+
+
+async def test_a_drain_ends_only_once_calls_stop_coming_and_still_creates_under_the_ids_it_issued():
+    # A call that reaches a gRPC server as it stops is answered CANCELLED, which no client retries:
+    # the drain outlasts the calls still arriving (a proxy that has not yet seen NOT_SERVING), and
+    # the creation under an id this server issued before its drain, which only it can make.
+    server, port = await create_server([EchoEnv], "127.0.0.1:0", config=ServerConfig())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.EnvironmentServiceStub(channel)
+            issued = (await stub.CreateSessionId(pb.CreateSessionIdRequest())).session_id
+            await server.drain.begin()  # no episode open
+            done = asyncio.create_task(server.drain.until_done())
+            for _ in range(8):  # 1.6 s of creations refused, each well within the quiet period of the last
+                refused = await expect_error(stub.CreateSessionId(pb.CreateSessionIdRequest()))
+                assert error_reason(refused) == "ERROR_REASON_DRAINING"
+                await asyncio.sleep(0.2)
+            assert not done.done()
+            await stub.CreateEpisode(new_episode_request(issued))
+            _, result = await call_tool(stub, issued, "echo", {"text": "made while draining"})
+            assert result.result.output.blocks[0].text.text == "made while draining"
+            await stub.DeleteEpisode(pb.DeleteEpisodeRequest(session_id=issued))
+            assert await asyncio.wait_for(done, WAIT_S) is True  # quiet now: it ends
+    finally:
+        await server.stop(None)
