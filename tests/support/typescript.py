@@ -36,11 +36,15 @@ def compile_client() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+#: Milliseconds one test of a suite may take: a test that hangs fails by its name, and the others still run.
+TEST_TIMEOUT_MS = 60_000
+
+
 def run_suites(target: str, suites: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     """The compiled `suites` against the server at `target`, with `env` added to the environment."""
     compiled = [f"dist/{suite.removesuffix('.ts')}.js" for suite in suites]
     return subprocess.run(
-        [NODE, "--test", "--test-reporter=tap", *compiled],
+        [NODE, "--test", "--test-reporter=tap", f"--test-timeout={TEST_TIMEOUT_MS}", *compiled],
         cwd=CLIENT, env={**os.environ, "ORS_TARGET": target, **env},
         capture_output=True, text=True, timeout=150,
     )
