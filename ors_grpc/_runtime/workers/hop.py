@@ -58,7 +58,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ors_grpc.authoring.types import RunToolError, RunToolOutput, RunToolSuccess, ToolOutput
+from ors_grpc.authoring.types import ImageBlock, RunToolError, RunToolOutput, RunToolSuccess, TextBlock, ToolOutput
 
 __all__ = [
     "TOOL_OUTPUT", "Exited", "Fork", "Forked", "Framing", "Heartbeat", "Heartbeats", "Hello", "Ready", "Setup",
@@ -263,7 +263,8 @@ class Framing(asyncio.Protocol):
 
 #: An answer's `ok` when its value is a tool's output as plain data (`answer_frame`).
 TOOL_OUTPUT = 2
-_TYPES_MODULE = RunToolOutput.__module__
+#: A tool output's block types (none of their subclasses: those cross as they are).
+_BLOCK_TYPES = frozenset({TextBlock, ImageBlock})
 # pydantic's own serializer and validator of the output, without model_dump's and model_validate's wrappers.
 _dump_output = RunToolOutput.__pydantic_serializer__.to_python
 _validate_output = RunToolOutput.__pydantic_validator__.validate_python
@@ -278,7 +279,7 @@ def answer_frame(call_id: int, value: Any) -> tuple[int, Any, Any]:
         root = value.root
         if type(root) is RunToolError or (
             type(root) is RunToolSuccess and type(root.output) is ToolOutput and type(root.output.blocks) is list
-            and all(type(block).__module__ == _TYPES_MODULE for block in root.output.blocks)
+            and _BLOCK_TYPES.issuperset(map(type, root.output.blocks))
         ):
             try:
                 return call_id, TOOL_OUTPUT, _dump_output(value, warnings="error")

@@ -306,9 +306,10 @@ class WorkerPool:
             process = self._spawn(reserved=True)
         else:
             process = choice
-            if self._placement.one_episode_per_process:
-                self._table.move(process, ProcessState.CLAIMED)
-        self.wake()
+            if not self._placement.one_episode_per_process:
+                return process.connection  # nothing changed that the supervising loop must see
+            self._table.move(process, ProcessState.CLAIMED)
+        self.wake()  # one idle process fewer: the loop starts another
         return process.connection
 
     async def for_catalog(self) -> WorkerConnection:
