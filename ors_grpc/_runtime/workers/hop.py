@@ -21,7 +21,8 @@ may hold environment code, which no answer should wait for.
 Messages:
 
 - server -> worker: `(call_id, op, args)`, answered once; call id 0 asks for
-  no answer (`end` of an episode); while tracing is on, a call carries a
+  no answer (`end` of an episode, `cancel` of a call: the worker handles
+  them as their frame arrives); while tracing is on, a call carries a
   fourth item, the trace context of the server's current span (W3C headers,
   `tracing.current_carrier`), so that tracing off costs the hop nothing;
 - worker -> server: `(call_id, ok, value)`: the result, or the exception the

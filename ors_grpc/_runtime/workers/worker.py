@@ -192,7 +192,6 @@ class _Calls:
         self.hop: Framing
         self._loop = asyncio.get_running_loop()
         self._running: dict[int, asyncio.Task[None]] = {}
-        self._anonymous: set[asyncio.Task[None]] = set()
 
     def received(self, message: tuple) -> None:
         call_id, op, args, *trace_context = message
@@ -206,15 +205,11 @@ class _Calls:
             if self.episodes.exit_after_episode and self.episodes.idle_after_an_episode:
                 self._loop.create_task(_exit_once_sent(self.hop))
             return
-        task = self._loop.create_task(self._answer(call_id, op, args, trace_context))
-        if call_id:
-            self._running[call_id] = task
-        else:
-            self._anonymous.add(task)
+        self._running[call_id] = self._loop.create_task(self._answer(call_id, op, args, trace_context))
 
     async def _answer(self, call_id: int, op: str, args: tuple, trace_context: list[dict[str, str]]) -> None:
-        """Run call `op` and send its answer (none for call id 0); forget its task once it is over (no done
-        callback: one turn of the loop less per call)."""
+        """Run call `op` and send its answer; forget its task once it is over (no done callback: one turn
+        of the loop less per call)."""
         hop, episodes = self.hop, self.episodes
         try:
             if trace_context:  # tracing is on in the server: this call's spans are children of its span
@@ -222,23 +217,17 @@ class _Calls:
             try:
                 value = await episodes.run(op, args)
             except asyncio.CancelledError:  # the server stopped waiting (a timeout, the episode ended)
-                if call_id:
-                    hop.send((call_id, False, RuntimeError("the call was cancelled")))
+                hop.send((call_id, False, RuntimeError("the call was cancelled")))
                 return
             except Exception as exc:
-                if call_id:
-                    hop.send((call_id, False, portable_error(exc)))
+                hop.send((call_id, False, portable_error(exc)))
                 return
-            if call_id:
-                try:
-                    hop.send(answer_frame(call_id, value))
-                except Exception as exc:  # a result that cannot be pickled
-                    hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
+            try:
+                hop.send(answer_frame(call_id, value))
+            except Exception as exc:  # a result that cannot be pickled
+                hop.send((call_id, False, portable_error(TypeError(f"cannot send the result: {exc}"))))
         finally:
-            if call_id:
-                self._running.pop(call_id, None)
-            else:
-                self._anonymous.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._running.pop(call_id, None)
         if episodes.exit_after_episode and episodes.idle_after_an_episode:
             await _exit_once_sent(hop)
 
