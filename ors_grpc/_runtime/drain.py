@@ -92,8 +92,7 @@ class Drain:
             await self._sessions.until_empty()
             settled_by = time.monotonic() + DRAIN_SETTLE_MAX_S
             while not self._sessions.open_count:
-                now = time.monotonic()
-                quiet_until = self.last_call_at + DRAIN_QUIET_S
-                if now >= min(quiet_until, settled_by):
+                wait_s = min(self.last_call_at + DRAIN_QUIET_S, settled_by) - time.monotonic()
+                if wait_s <= 0:
                     return
-                await asyncio.sleep(min(quiet_until, settled_by) - now)
+                await asyncio.sleep(wait_s)

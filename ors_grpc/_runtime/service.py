@@ -210,14 +210,20 @@ class _answering:
                          self._method, outcome, (time.monotonic() - self._started) * 1000)
 
 
+#: RPCs a drain does not wait to stop coming (`_answering`): `ors-grpc drain --wait` polls Drain until the
+#: server exits.
+_NOT_TRAFFIC = frozenset({"Drain"})
+
+
 def _unary(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A unary handler answering through `_answering`."""
 
     what = f"the {handler.__name__} answer"
+    traffic = handler.__name__ not in _NOT_TRAFFIC
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with _answering(self._drain, handler.__name__, context):
+        async with _answering(self._drain if traffic else None, handler.__name__, context):
             return self._within_limit(await handler(self, request, context), what)
 
     return wrapped
@@ -866,14 +872,13 @@ class EnvironmentService(pb_grpc.EnvironmentServiceServicer):
         )
     # Operators --------------------------------------------------------------
 
+    @_unary
     async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
-        # Not stamped as a call (`_answering`): `ors-grpc drain --wait` polls it until the server exits.
-        async with _answering(None, "Drain", context):
-            if not _is_loopback(context.peer()):
-                raise ORSError(errors_pb2.ERROR_REASON_PEER_NOT_LOCAL,
-                               "Drain is accepted from this host only (a loopback peer)")
-            await self._drain.begin()
-            return pb.DrainResponse(open_sessions=self._sessions.open_count, seconds_left=self._drain.seconds_left)
+        if not _is_loopback(context.peer()):
+            raise ORSError(errors_pb2.ERROR_REASON_PEER_NOT_LOCAL,
+                           "Drain is accepted from this host only (a loopback peer)")
+        await self._drain.begin()
+        return pb.DrainResponse(open_sessions=self._sessions.open_count, seconds_left=self._drain.seconds_left)
 
 
 def _is_loopback(peer: str) -> bool:
